@@ -1,0 +1,56 @@
+"""HTTP views: validate with pydantic, call the store, commit once, answer with a model."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from flask import Response
+from flask import request
+from pydantic import BaseModel
+from pydantic import ValidationError
+from werkzeug.exceptions import ClientDisconnected
+
+from collector.errors import APIError
+from collector.errors import Unprocessable
+from collector.errors import validation_detail
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_body() -> bytes:
+    """The whole request body (already capped by the guard), or 400 if it arrived short."""
+    try:
+        return request.get_data(cache=False)
+    except ClientDisconnected:
+        raise APIError("body ended before its Content-Length; nothing was stored", status=400) from None
+
+
+def parse_body(model: type[M]) -> M:
+    """Decode a JSON object body into ``model``: 400 for bad JSON, 422 for bad fields."""
+    raw = read_body()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(f"body is not valid JSON: {exc}", status=400) from None
+    if not isinstance(data, dict):
+        raise Unprocessable(f"body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail, errors = validation_detail(exc, "body")
+        raise Unprocessable(detail, extra={"errors": errors}) from None
+
+
+def parse_query(model: type[M]) -> M:
+    """Validate query parameters into ``model``; repeated parameters keep the first value."""
+    try:
+        return model.model_validate({key: request.args.get(key) for key in request.args})
+    except ValidationError as exc:
+        detail, errors = validation_detail(exc, "query")
+        raise Unprocessable(detail, extra={"errors": errors}) from None
+
+
+def respond(model: BaseModel, status: int = 200) -> Response:
+    """Serialise a response model."""
+    return Response(model.model_dump_json(), status=status, mimetype="application/json")

@@ -1,0 +1,111 @@
+"""``/api/jobs``: submit, update, read, list and delete jobs, and one job's event feed."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint
+
+from collector.api import parse_body
+from collector.api import parse_query
+from collector.api import respond
+from collector.api.queries import ClusterQuery
+from collector.api.queries import EventQuery
+from collector.api.queries import JobListQuery
+from collector.contract import MAX_ID_LENGTH
+from collector.contract import DeleteResponse
+from collector.contract import JobCreatePayload
+from collector.contract import JobEventListResponse
+from collector.contract import JobListResponse
+from collector.contract import JobResponse
+from collector.contract import JobUpdatePayload
+from collector.db import get_session
+from collector.errors import Unprocessable
+from collector.store import events as event_store
+from collector.store import jobs as job_store
+from collector.store.jobs import WriteResult
+
+bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
+log = logging.getLogger("collector.jobs")
+
+
+def _checked_job_id(job_id: str) -> str:
+    if len(job_id) > MAX_ID_LENGTH or any(ord(c) < 0x20 or ord(c) == 0x7F for c in job_id):
+        raise Unprocessable(f"job id must be at most {MAX_ID_LENGTH} printable characters")
+    return job_id
+
+
+def _committed(result: WriteResult, status: int) -> object:
+    get_session().commit()
+    if result.event is not None:
+        event = result.event
+        log.info(
+            "job %s%s -> %s/%s: %s",
+            f"{result.cluster}/" if result.cluster else "",
+            result.job_id,
+            event.status,
+            event.stage or "-",
+            event.message or "",
+        )
+    return respond(JobResponse(job_id=result.job_id, status=result.status, cluster=result.cluster), status)
+
+
+@bp.post("")
+def create_job():
+    """Record a submitted job; a repeat completes identity and never rewinds status."""
+    payload = parse_body(JobCreatePayload)
+    return _committed(job_store.submit(get_session(write=True), payload), 201)
+
+
+@bp.put("/<job_id>")
+def update_job(job_id: str):
+    """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
+    _checked_job_id(job_id)
+    payload = parse_body(JobUpdatePayload)
+    return _committed(job_store.update(get_session(write=True), job_id, payload), 200)
+
+
+@bp.get("/<job_id>")
+def get_job(job_id: str):
+    """One job with its events."""
+    query = parse_query(ClusterQuery)
+    return respond(job_store.detail(get_session(), _checked_job_id(job_id), query.cluster))
+
+
+@bp.get("")
+def list_jobs():
+    """Jobs newest first, one page at a time."""
+    query = parse_query(JobListQuery)
+    jobs, total = job_store.page(
+        get_session(),
+        page=query.page,
+        per_page=query.limit,
+        status=query.status.value if query.status else None,
+        cluster=query.cluster,
+    )
+    return respond(JobListResponse(jobs=jobs, total=total, page=query.page, per_page=query.limit))
+
+
+@bp.get("/<job_id>/events")
+def job_events(job_id: str):
+    """One job's events after a cursor."""
+    query = parse_query(EventQuery)
+    session = get_session()
+    job_pk, cluster = job_store.resolve(session, _checked_job_id(job_id), query.cluster)
+    events = event_store.job_events(session, job_pk, after=query.after, limit=query.capped_limit)
+    return respond(
+        JobEventListResponse(
+            job_id=job_id, cluster=cluster, events=events, next_cursor=event_store.next_cursor(events, query.after)
+        )
+    )
+
+
+@bp.delete("/<job_id>")
+def delete_job(job_id: str):
+    """Remove a job and everything stored under it."""
+    query = parse_query(ClusterQuery)
+    session = get_session(write=True)
+    cluster = job_store.remove(session, _checked_job_id(job_id), query.cluster)
+    session.commit()
+    log.info("job %s%s deleted", f"{cluster}/" if cluster else "", job_id)
+    return respond(DeleteResponse(deleted=True, job_id=job_id, cluster=cluster))

@@ -1,0 +1,68 @@
+"""Query-string models shared by the job and event views."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+
+from collector.contract import MAX_ID_LENGTH
+from collector.contract import JobStatus
+
+MAX_PER_PAGE = 100
+MAX_EVENT_LIMIT = 1000
+MAX_CURSOR = 2**63 - 1
+
+
+def _blank_is_none(value: str | None) -> str | None:
+    return value if value else None
+
+
+# ``?cluster=`` (empty) means "no cluster given", as if the parameter were absent.
+ClusterArg = Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH), AfterValidator(_blank_is_none)]
+
+
+class _Query(BaseModel):
+    # Unknown parameters are ignored, like every web API the dashboards already talk to.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ClusterQuery(_Query):
+    """``?cluster=`` on routes that address one job."""
+
+    cluster: ClusterArg = None
+
+
+class JobListQuery(_Query):
+    """``GET /api/jobs``; ``per_page`` above the maximum is clamped, not refused."""
+
+    # Bounded so the OFFSET it becomes always fits a BIGINT.
+    page: Annotated[int, Field(ge=1, le=10_000_000)] = 1
+    per_page: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 50
+    status: JobStatus | None = None
+    cluster: ClusterArg = None
+
+    @property
+    def limit(self) -> int:
+        return min(self.per_page, MAX_PER_PAGE)
+
+
+class EventQuery(_Query):
+    """Cursor parameters of both feeds; ``limit`` above the maximum is clamped."""
+
+    after: Annotated[int, Field(ge=0, le=MAX_CURSOR)] = 0
+    limit: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 100
+    cluster: ClusterArg = None
+
+    @property
+    def capped_limit(self) -> int:
+        return min(self.limit, MAX_EVENT_LIMIT)
+
+
+class FeedQuery(EventQuery):
+    """``GET /api/events``: the cursor plus job and cluster filters."""
+
+    job_id: Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH), AfterValidator(_blank_is_none)] = None

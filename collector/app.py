@@ -1,0 +1,51 @@
+"""The app factory: the only way to build the collector's Flask app."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from collector import db
+from collector import errors
+from collector import guard
+from collector.api import events
+from collector.api import jobs
+from collector.api import system
+from collector import ui
+from collector.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Build the app from ``settings`` (default: read from the environment)."""
+    settings = settings or Settings.from_env()
+    settings.check()
+    app = Flask(__name__, static_folder=None)
+    app.config["COLLECTOR_SETTINGS"] = settings
+    app.json.sort_keys = False
+    guard.init_app(app, settings)
+    errors.init_app(app)
+    db.init_app(app, db.Database(settings))
+    for blueprint in (system.bp, jobs.bp, events.bp, ui.bp):
+        app.register_blueprint(blueprint)
+    from collector.cli import db_group  # noqa: PLC0415 (cli imports the app lazily)
+
+    app.cli.add_command(db_group)
+    logging.getLogger("collector").setLevel(logging.INFO)
+    return app
+
+
+def prepare_database(app: Flask) -> None:
+    """Before serving: migrate SQLite, or refuse an out-of-date PostgreSQL schema."""
+    from collector.migrations import schema_problem
+    from collector.migrations import upgrade
+    from collector.settings import SettingsError
+
+    settings: Settings = app.config["COLLECTOR_SETTINGS"]
+    engine = db.get_db_of(app).engine
+    if settings.migrates_on_start:
+        upgrade(settings.database_url)
+        return
+    problem = schema_problem(engine)
+    if problem:
+        raise SettingsError(problem)

@@ -1,0 +1,143 @@
+"""The ``collector`` command: ``serve`` and ``db`` (also reachable as ``flask --app collector db``)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import click
+from flask.cli import ScriptInfo
+
+from collector.settings import Settings
+from collector.settings import SettingsError
+from collector.settings import database_url
+
+log = logging.getLogger("collector")
+
+
+@click.group()
+def main() -> None:
+    """The shared job-status collector for srtctl."""
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to bind (default 127.0.0.1, loopback only).")
+@click.option("--port", type=int, default=None, help="Port to bind (default 8080; 0 picks a free one).")
+@click.option("--db", "db", default=None, help="SQLite file path or SQLAlchemy URL.")
+@click.option("--token-env", default=None, help="Variable holding the write token (default SRTCTL_STATUS_TOKEN).")
+@click.option("--read-token-env", default=None, help="Variable holding the read token (default SRTCTL_STATUS_READ_TOKEN).")
+@click.option("--allow-unauthenticated", is_flag=True, default=None, help="Serve without a token off loopback.")
+@click.option("--cors-origin", "cors_origins", multiple=True, help="Origin allowed to read from a browser; repeatable; '*' for any.")
+def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors_origins) -> None:
+    """Serve the collector (threads, for one user; use gunicorn for a shared deployment)."""
+    from werkzeug.serving import make_server
+
+    from collector.app import create_app
+    from collector.app import prepare_database
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env(
+            host=host,
+            port=port,
+            database_url=db,
+            token_env=token_env,
+            read_token_env=read_token_env,
+            allow_unauthenticated=allow_unauthenticated,
+            cors_origins=cors_origins or None,
+        )
+        app = create_app(settings)
+        prepare_database(app)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    server = make_server(settings.host, settings.port, app, threaded=True)
+    # SIGTERM (systemd, tests) shuts down like Ctrl-C instead of dying mid-request.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    auth = "token required" if settings.write_token else "no token (open)"
+    log.info("collector listening on http://%s:%d (%s, %s)", settings.host, server.server_port,
+             _redacted(settings.database_url), auth)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        log.info("collector stopped")
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _database_url(db: str | None) -> str:
+    if db:
+        return database_url(db)
+    # Under `flask --app collector db ...` the app's own settings decide.
+    info = click.get_current_context().find_object(ScriptInfo)
+    if info is not None:
+        return info.load_app().config["COLLECTOR_SETTINGS"].database_url
+    return Settings.from_env().database_url
+
+
+db_option = click.option("--db", "db", default=None, help="SQLite file path or SQLAlchemy URL (default from COLLECTOR_DATABASE_URL).")
+
+
+@click.group("db")
+def db_group() -> None:
+    """Migrate and inspect the database schema."""
+
+
+@db_group.command()
+@db_option
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+def upgrade(db, revision) -> None:
+    """Upgrade the schema to the newest revision (or --revision)."""
+    from collector import migrations
+
+    url = _database_url(db)
+    _ensure_sqlite_dir(url)
+    migrations.upgrade(url, revision)
+    click.echo(f"database {_redacted(url)} is at {revision}")
+
+
+@db_group.command()
+@db_option
+@click.argument("revision")
+def downgrade(db, revision) -> None:
+    """Downgrade the schema to REVISION (e.g. -1, or base)."""
+    from collector import migrations
+
+    url = _database_url(db)
+    migrations.downgrade(url, revision)
+    click.echo(f"database {_redacted(url)} downgraded to {revision}")
+
+
+@db_group.command()
+@db_option
+def current(db) -> None:
+    """Print the schema revision of the database and the one this code needs."""
+    from sqlalchemy import create_engine
+
+    from collector import migrations
+
+    engine = create_engine(_database_url(db))
+    try:
+        revision = migrations.current_revision(engine)
+    finally:
+        engine.dispose()
+    head = migrations.head_revision()
+    state = "up to date" if revision == head else f"behind: run `collector db upgrade` to reach {head}"
+    click.echo(f"{revision or '(none)'} ({state})")
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    from collector.db import ensure_sqlite_parent
+
+    ensure_sqlite_parent(url)
+
+
+main.add_command(db_group)

@@ -1,0 +1,196 @@
+"""Status API v1 wire models (the names of ``srtctl.contract``), plus ``cluster`` everywhere."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Annotated
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic import BeforeValidator
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import PlainSerializer
+
+MAX_ID_LENGTH = 255
+
+
+class JobStatus(str, enum.Enum):
+    """The stage a job is executing (entered, not finished)."""
+
+    SUBMITTED = "submitted"
+    STARTING = "starting"
+    WORKERS = "workers"
+    FRONTEND = "frontend"
+    BENCHMARK = "benchmark"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+
+
+class JobStage(str, enum.Enum):
+    """Execution stages of an srtctl sweep."""
+
+    STARTING = "starting"
+    HEAD_INFRASTRUCTURE = "head_infrastructure"
+    PREFLIGHT = "preflight"
+    WORKERS = "workers"
+    FRONTEND = "frontend"
+    BENCHMARK = "benchmark"
+    CLEANUP = "cleanup"
+
+
+def format_timestamp(value: dt.datetime) -> str:
+    """Render a UTC timestamp the way the reporter sends them: ISO 8601 with ``Z``."""
+    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def parse_timestamp(value: Any) -> dt.datetime:
+    """Parse an ISO 8601 string (``Z``, an offset, or naive meaning UTC) into aware UTC."""
+    if isinstance(value, dt.datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"not an ISO 8601 timestamp: {value[:64]!r}") from None
+    else:
+        raise ValueError("must be an ISO 8601 timestamp string")
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed.astimezone(dt.timezone.utc)
+
+
+Timestamp = Annotated[dt.datetime, BeforeValidator(parse_timestamp), PlainSerializer(format_timestamp)]
+OutTimestamp = Annotated[dt.datetime, PlainSerializer(format_timestamp)]
+Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=r"^[^\x00-\x1f\x7f/]+$")]
+OptionalText = Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH * 16)]
+
+
+class _Payload(BaseModel):
+    # Reporters newer than us may send fields we do not know: accept and ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class JobCreatePayload(_Payload):
+    """Body of ``POST /api/jobs``."""
+
+    job_id: Identifier
+    job_name: Annotated[str, Field(min_length=1, max_length=4096)]
+    submitted_at: Timestamp
+    cluster: Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH)] = None
+    recipe: OptionalText = None
+    metadata: dict[str, Any] | None = None
+
+
+class JobUpdatePayload(_Payload):
+    """Body of ``PUT /api/jobs/{job_id}``; absent fields leave the stored value alone."""
+
+    status: JobStatus
+    updated_at: Timestamp
+    stage: JobStage | None = None
+    message: OptionalText = None
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
+    exit_code: int | None = None
+    logs_url: OptionalText = None
+    benchmark_results: dict[str, Any] | None = None
+    artifacts: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+    def reported_cluster(self) -> str | None:
+        """The cluster the reporter repeats in ``metadata.cluster``, if it is a usable name."""
+        value = (self.metadata or {}).get("cluster")
+        return value if isinstance(value, str) and value.strip() else None
+
+
+class JobResponse(BaseModel):
+    """Response of POST and PUT."""
+
+    job_id: str
+    status: str
+    cluster: str | None = None
+
+
+class JobEventRecord(BaseModel):
+    """One lifecycle event; ``id`` is the cursor for the incremental feeds."""
+
+    id: int
+    job_id: str
+    cluster: str | None = None
+    status: str
+    stage: str | None = None
+    message: str | None = None
+    created_at: OutTimestamp
+
+
+class JobSummary(BaseModel):
+    """One row of the job list."""
+
+    job_id: str
+    job_name: str
+    status: str
+    stage: str | None = None
+    message: str | None = None
+    cluster: str | None = None
+    submitted_at: OutTimestamp
+    started_at: OutTimestamp | None = None
+    completed_at: OutTimestamp | None = None
+    updated_at: OutTimestamp
+    exit_code: int | None = None
+
+
+class JobDetail(BaseModel):
+    """A job with its full ordered event history."""
+
+    job_id: str
+    job_name: str
+    status: str
+    stage: str | None = None
+    cluster: str | None = None
+    recipe: str | None = None
+    message: str | None = None
+    submitted_at: OutTimestamp
+    started_at: OutTimestamp | None = None
+    completed_at: OutTimestamp | None = None
+    updated_at: OutTimestamp
+    exit_code: int | None = None
+    logs_url: str | None = None
+    benchmark_results: dict[str, Any] | None = None
+    artifacts: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    events: list[JobEventRecord] = []
+
+
+class JobListResponse(BaseModel):
+    """A page of the job list."""
+
+    jobs: list[JobSummary]
+    total: int
+    page: int
+    per_page: int
+
+
+class JobEventListResponse(BaseModel):
+    """``GET /api/jobs/{job_id}/events``."""
+
+    job_id: str
+    cluster: str | None = None
+    events: list[JobEventRecord]
+    next_cursor: int | None = None
+
+
+class EventFeedResponse(BaseModel):
+    """``GET /api/events``."""
+
+    events: list[JobEventRecord]
+    next_cursor: int | None = None
+
+
+class DeleteResponse(BaseModel):
+    """``DELETE /api/jobs/{job_id}``."""
+
+    deleted: bool
+    job_id: str
+    cluster: str | None = None

@@ -1,0 +1,80 @@
+"""One JSON error envelope, ``{"detail": ..., "request_id": ...}``, for every failure."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+from flask import Response
+from flask import g
+from flask import json
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("collector")
+
+
+class APIError(Exception):
+    """An error with an HTTP status, a message for the client and optional headers."""
+
+    status = 400
+
+    def __init__(self, detail: str, *, status: int | None = None, headers: dict[str, str] | None = None,
+                 extra: dict | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if status is not None:
+            self.status = status
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+class NotFound(APIError):
+    status = 404
+
+
+class Conflict(APIError):
+    status = 409
+
+
+class Unprocessable(APIError):
+    status = 422
+
+
+def error_response(status: int, detail: str, headers: dict[str, str] | None = None, **extra) -> Response:
+    """Build the envelope response; every error path ends here."""
+    body = {"detail": detail, "request_id": g.get("request_id"), **extra}
+    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def validation_detail(exc: ValidationError, where: str) -> tuple[str, list[dict]]:
+    """Summarise a pydantic error as one sentence plus a list of ``{loc, msg}`` entries."""
+    errors = []
+    for item in exc.errors(include_url=False, include_context=False, include_input=False):
+        loc = [where, *[str(part) for part in item["loc"]]]
+        errors.append({"loc": loc, "msg": item["msg"], "type": item["type"]})
+    summary = "; ".join(f"{'.'.join(e['loc'][1:]) or where}: {e['msg']}" for e in errors)
+    return f"invalid {where}: {summary}", errors
+
+
+def init_app(app: Flask) -> None:
+    """Register the envelope for our errors, HTTP errors and anything unexpected."""
+
+    @app.errorhandler(APIError)
+    def on_api_error(exc: APIError):
+        return error_response(exc.status, exc.detail, exc.headers, **exc.extra)
+
+    @app.errorhandler(HTTPException)
+    def on_http_error(exc: HTTPException):
+        headers = {}
+        if exc.code == 405 and exc.valid_methods:
+            headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        return error_response(exc.code or 500, exc.description or exc.name, headers)
+
+    @app.errorhandler(Exception)
+    def on_unexpected(exc: Exception):
+        log.exception("unhandled error [request_id=%s]", g.get("request_id"))
+        return error_response(500, "internal server error; the request id is in the server log")

@@ -1,0 +1,120 @@
+"""Everything that runs before routing: request ids, CORS preflight, auth, body limits."""
+
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+
+from flask import Flask
+from flask import Response
+from flask import g
+from flask import request
+
+from collector.errors import error_response
+from collector.settings import Settings
+
+# Routes that reveal nothing about jobs: uptime checks, readiness probes, the static page.
+OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/", "/index.html"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CORS_METHODS = "GET, HEAD, OPTIONS"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _request_id() -> str:
+    # Keep a proxy's id so one request can be followed across hops; otherwise mint one.
+    incoming = request.headers.get("X-Request-ID", "")
+    return incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+
+
+def _bearer() -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _matches(given: str | None, expected: str | None) -> bool:
+    if given is None or expected is None:
+        return False
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+class Guard:
+    """The checks every request passes, in the order the spec requires."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.any_origin = "*" in settings.cors_origins
+        self.origins = frozenset(settings.cors_origins)
+
+    def allowed_origin(self, origin: str | None) -> str | None:
+        """The value for Access-Control-Allow-Origin, or None when the origin is not listed."""
+        if not origin:
+            return None
+        if self.any_origin:
+            return "*"
+        return origin if origin in self.origins else None
+
+    def before(self) -> Response | None:
+        """Run before routing; a returned response ends the request there."""
+        g.request_id = _request_id()
+        if request.method == "OPTIONS":
+            return self.preflight()
+        denied = self.authenticate()
+        if denied is not None:
+            return denied
+        return self.check_body()
+
+    def preflight(self) -> Response:
+        """Answer OPTIONS before auth: it carries no token and reveals nothing."""
+        response = Response(status=204)
+        response.headers["Allow"] = CORS_METHODS
+        allowed = self.allowed_origin(request.headers.get("Origin"))
+        if allowed:
+            response.headers["Access-Control-Allow-Origin"] = allowed
+            response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+            response.headers["Access-Control-Allow-Headers"] = "Authorization"
+            response.headers["Access-Control-Max-Age"] = "600"
+        return response
+
+    def authenticate(self) -> Response | None:
+        """401 for a missing or wrong token, 403 for the read token on a write."""
+        settings = self.settings
+        if request.path in OPEN_PATHS or not settings.write_token:
+            return None
+        token = _bearer()
+        # Compare against both tokens every time so timing does not tell which one matched.
+        is_writer = _matches(token, settings.write_token)
+        is_reader = _matches(token, settings.read_token)
+        if not (is_writer or is_reader):
+            detail = "missing bearer token" if token is None else "invalid bearer token"
+            return error_response(401, detail, {"WWW-Authenticate": "Bearer"})
+        if not is_writer and request.method not in READ_METHODS:
+            return error_response(403, "the read token cannot write; use the write token")
+        return None
+
+    def check_body(self) -> Response | None:
+        """413 from Content-Length before a byte of the body is read."""
+        length = request.content_length
+        if length is not None and length > self.settings.max_body_bytes:
+            return error_response(413, f"body of {length} bytes exceeds the {self.settings.max_body_bytes}-byte limit")
+        return None
+
+    def after(self, response: Response) -> Response:
+        """Stamp the request id and, for reads from a listed origin, CORS headers."""
+        response.headers["X-Request-ID"] = g.get("request_id", "")
+        if request.method in ("GET", "HEAD"):
+            allowed = self.allowed_origin(request.headers.get("Origin"))
+            if allowed:
+                response.headers["Access-Control-Allow-Origin"] = allowed
+                response.headers["Access-Control-Expose-Headers"] = "X-Request-ID"
+                if allowed != "*":
+                    response.vary.add("Origin")
+        return response
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Install the guard as the first before-request hook and the last after-request hook."""
+    guard = Guard(settings)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.before_request_funcs.setdefault(None, []).insert(0, guard.before)
+    app.after_request(guard.after)

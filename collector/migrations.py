@@ -1,0 +1,64 @@
+"""Alembic wiring: where the revisions live, upgrading, and comparing the schema to the code."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def script_location() -> Path:
+    """The revisions: inside the package when installed from a wheel, else the checkout's."""
+    packaged = PACKAGE_DIR / "_alembic"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "alembic"
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for ``url`` that needs no alembic.ini."""
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    # ConfigParser interpolation would eat a literal % in a password.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+@functools.cache
+def head_revision() -> str:
+    """The revision this code expects."""
+    heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"migrations have {len(heads)} heads: {heads}")
+    return heads[0]
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None when it was never migrated)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` to ``revision``."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` back to ``revision``."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def schema_problem(engine: Engine) -> str | None:
+    """Why the database cannot serve this code, or None when it is at head."""
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head:
+        return None
+    at = f"at revision {current}" if current else "not migrated"
+    return f"database schema is {at} but this code needs {head}: run `collector db upgrade`"

@@ -1,0 +1,116 @@
+"""The schema: typed SQLAlchemy models for jobs and their lifecycle events."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON
+from sqlalchemy import BigInteger
+from sqlalchemy import Boolean
+from sqlalchemy import DateTime
+from sqlalchemy import ForeignKey
+from sqlalchemy import Index
+from sqlalchemy import Integer
+from sqlalchemy import MetaData
+from sqlalchemy import String
+from sqlalchemy import Text
+from sqlalchemy import UniqueConstraint
+from sqlalchemy import false
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Named constraints make migrations deterministic and reversible on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a real BIGINT.
+EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp column that only accepts aware datetimes and always returns UTC."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(dt.timezone.utc)
+        # SQLite keeps text; storing naive UTC keeps its ordering lexical and uniform.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    """One Slurm job on one cluster; ``cluster`` is ``''`` while no cluster is known."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # NOT NULL + '' instead of NULL: NULLs never collide in a unique index, so a
+        # nullable cluster would let concurrent writers create cluster-less twins.
+        UniqueConstraint("cluster", "job_id"),
+        Index("ix_jobs_job_id", "job_id"),
+        # Newest-first listing, plain and filtered; btrees scan backwards for DESC.
+        Index("ix_jobs_submitted_at_id", "submitted_at", "id"),
+        Index("ix_jobs_status_submitted_at_id", "status", "submitted_at", "id"),
+        Index("ix_jobs_cluster_submitted_at_id", "cluster", "submitted_at", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(255), server_default="")
+    job_id: Mapped[str] = mapped_column(String(255))
+    job_name: Mapped[str] = mapped_column(Text)
+    # True until a POST has told us the job's real identity.
+    is_placeholder: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    status: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text)
+    recipe: Mapped[str | None] = mapped_column(Text)
+    submitted_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    logs_url: Mapped[str | None] = mapped_column(Text)
+    benchmark_results: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument)
+    artifacts: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument)
+    # "metadata" is reserved on declarative classes; the column keeps the wire name.
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONDocument)
+
+
+class JobEvent(Base):
+    """One lifecycle transition; ``id`` is the cursor of both event feeds."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_pk_id", "job_pk", "id"),)
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True)
+    job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text)
+    # The time the reporter stamped on the update (its updated_at / submitted_at).
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,129 @@
+"""Typed settings, read once from ``COLLECTOR_*`` environment variables and CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_DB_PATH = Path("~/.local/state/collector/status.db")
+DEFAULT_TOKEN_ENV = "SRTCTL_STATUS_TOKEN"
+DEFAULT_READ_TOKEN_ENV = "SRTCTL_STATUS_READ_TOKEN"
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """A configuration the collector refuses to start with."""
+
+
+def database_url(value: str | None) -> str:
+    """Turn ``--db`` (a file path or a SQLAlchemy URL) into a SQLAlchemy URL."""
+    if not value:
+        value = str(DEFAULT_DB_PATH)
+    if "://" not in value:
+        return "sqlite:///" + str(Path(value).expanduser().resolve())
+    # psycopg 3 is the only PostgreSQL driver we ship; plain URLs should just work.
+    for prefix in ("postgres://", "postgresql://"):
+        if value.startswith(prefix):
+            return "postgresql+psycopg://" + value[len(prefix):]
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to ``host`` keeps the collector on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the collector is configured with; built once, never mutated."""
+
+    database_url: str = dataclasses.field(default_factory=lambda: database_url(None))
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token_env: str = DEFAULT_TOKEN_ENV
+    read_token_env: str = DEFAULT_READ_TOKEN_ENV
+    write_token: str | None = None
+    read_token: str | None = None
+    allow_unauthenticated: bool = False
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = MAX_BODY_BYTES
+    # SQLite is migrated on start (one user, one file); PostgreSQL never is, because a
+    # shared database is upgraded deliberately, before the new code starts.
+    auto_migrate: bool | None = None
+    pool_size: int = 5
+    pool_max_overflow: int = 10
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
+        """Read settings from ``COLLECTOR_*`` variables; keyword arguments win."""
+        env = os.environ if environ is None else environ
+        token_env = overrides.pop("token_env", None) or env.get("COLLECTOR_TOKEN_ENV") or DEFAULT_TOKEN_ENV
+        read_token_env = (
+            overrides.pop("read_token_env", None) or env.get("COLLECTOR_READ_TOKEN_ENV") or DEFAULT_READ_TOKEN_ENV
+        )
+        origins = tuple(o.strip() for o in env.get("COLLECTOR_CORS_ORIGINS", "").split(",") if o.strip())
+        values = dict(
+            database_url=database_url(env.get("COLLECTOR_DATABASE_URL") or env.get("COLLECTOR_DB")),
+            host=env.get("COLLECTOR_HOST", "127.0.0.1"),
+            port=_int(env, "COLLECTOR_PORT", 8080),
+            token_env=token_env,
+            read_token_env=read_token_env,
+            write_token=env.get(token_env) or None,
+            read_token=env.get(read_token_env) or None,
+            allow_unauthenticated=_flag(env.get("COLLECTOR_ALLOW_UNAUTHENTICATED")),
+            cors_origins=origins,
+            pool_size=_int(env, "COLLECTOR_POOL_SIZE", 5),
+            pool_max_overflow=_int(env, "COLLECTOR_POOL_MAX_OVERFLOW", 10),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "database_url" in overrides and overrides["database_url"] is not None:
+            values["database_url"] = database_url(overrides["database_url"])
+        values["cors_origins"] = tuple(values["cors_origins"])
+        return cls(**values)
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the configured database is a SQLite file."""
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def migrates_on_start(self) -> bool:
+        """Whether the app upgrades the schema itself before serving."""
+        return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+    def check(self) -> None:
+        """Refuse configurations the spec forbids: an open server off loopback, a lone read token."""
+        if self.read_token and not self.write_token:
+            raise SettingsError(
+                f"a read token (${self.read_token_env}) is set without a write token (${self.token_env}): "
+                "set the write token too, or unset the read token"
+            )
+        if not self.write_token and not self.allow_unauthenticated and not is_loopback(self.host):
+            raise SettingsError(
+                f"refusing to listen on {self.host} without a token: set ${self.token_env}, "
+                "bind to 127.0.0.1, or pass --allow-unauthenticated on a network trusted end to end"
+            )
+        if self.max_body_bytes <= 0:
+            raise SettingsError("max_body_bytes must be positive")

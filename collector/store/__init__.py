@@ -1,0 +1,1 @@
+"""Store functions: all SQL lives here, split by entity; callers pass the session first."""
