@@ -51,7 +51,7 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
         prepare_database(app)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    server = make_server(settings.host, settings.port, app, threaded=True)
+    server = make_server(settings.host, settings.port, app, threaded=True, request_handler=_quiet_handler())
     # SIGTERM (systemd, tests) shuts down like Ctrl-C instead of dying mid-request.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     auth = "token required" if settings.write_token else "no token (open)"
@@ -65,6 +65,18 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     finally:
         server.server_close()
         log.info("collector stopped")
+
+
+def _quiet_handler():
+    from werkzeug.serving import WSGIRequestHandler
+
+    class QuietHandler(WSGIRequestHandler):
+        """Werkzeug's handler minus its access line: collector.access logs each request."""
+
+        def log_request(self, code="-", size="-") -> None:
+            pass
+
+    return QuietHandler
 
 
 def _redacted(url: str) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import re
+import time
 import uuid
 
 from flask import Flask
@@ -18,6 +20,7 @@ from collector.settings import Settings
 OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/", "/index.html"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CORS_METHODS = "GET, HEAD, OPTIONS"
+access_log = logging.getLogger("collector.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -57,6 +60,7 @@ class Guard:
     def before(self) -> Response | None:
         """Run before routing; a returned response ends the request there."""
         g.request_id = _request_id()
+        g.started = time.perf_counter()
         if request.method == "OPTIONS":
             return self.preflight()
         denied = self.authenticate()
@@ -109,7 +113,21 @@ class Guard:
                 response.headers["Access-Control-Expose-Headers"] = "X-Request-ID"
                 if allowed != "*":
                     response.vary.add("Origin")
+        self.log(response)
         return response
+
+    def log(self, response: Response) -> None:
+        """One access line per request, carrying the id the client saw (never a token)."""
+        elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
+        access_log.info(
+            '%s "%s %s" %d %.1fms request_id=%s',
+            request.remote_addr or "-",
+            request.method,
+            request.full_path.rstrip("?") if request.query_string else request.path,
+            response.status_code,
+            elapsed_ms,
+            g.get("request_id", "-"),
+        )
 
 
 def init_app(app: Flask, settings: Settings) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+from sqlalchemy import inspect
+from sqlalchemy import text
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -40,8 +41,11 @@ def head_revision() -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None when it was never migrated)."""
+    # Plain SQL rather than MigrationContext, which logs at INFO on every call (every probe).
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        if not inspect(connection).has_table("alembic_version"):
+            return None
+        return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def upgrade(url: str, revision: str = "head") -> None:

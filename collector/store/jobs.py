@@ -40,11 +40,24 @@ def placeholder_name(job_id: str) -> str:
     return f"job-{job_id}"
 
 
+def _deep_merge(base: dict, patch: dict, *, base_wins: bool) -> dict:
+    merged = dict(base)
+    for key, value in patch.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            merged[key] = _deep_merge(current, value, base_wins=base_wins)
+        elif key not in merged or (current is None) or (value is not None and not base_wins):
+            # A null never erases a known value: reporters send "unknown" as null.
+            merged[key] = value
+    return merged
+
+
 def _merged(existing: dict | None, patch: dict | None, *, existing_wins: bool = False) -> dict | None:
+    """Merge ``patch`` into ``existing`` key by key, recursing into nested objects."""
     if not patch:
         return existing
     # Always a new dict: SQLAlchemy only notices a JSON column change on assignment.
-    return {**patch, **(existing or {})} if existing_wins else {**(existing or {}), **patch}
+    return _deep_merge(existing or {}, patch, base_wins=existing_wins)
 
 
 def _result(job: Job, event: JobEventRecord | None) -> WriteResult:

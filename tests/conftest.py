@@ -1,0 +1,174 @@
+"""Fixtures: real databases (SQLite always, PostgreSQL when asked) and live servers on ephemeral ports."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+from sqlalchemy import Engine
+from sqlalchemy import create_engine
+from sqlalchemy import make_url
+from sqlalchemy import text
+from sqlalchemy.pool import NullPool
+from werkzeug.serving import make_server
+
+from collector.app import create_app
+from collector.migrations import upgrade
+from collector.settings import Settings
+from collector.settings import database_url as normalise_url
+
+PG_URL = os.environ.get("COLLECTOR_TEST_DATABASE_URL")
+# CI sets this: a skipped test is then a failure, except a PostgreSQL-only test in the
+# SQLite run (the PostgreSQL run, where nothing may skip, covers it).
+STRICT = os.environ.get("COLLECTOR_TEST_STRICT") == "1"
+NEEDS_POSTGRES = "needs PostgreSQL: set COLLECTOR_TEST_DATABASE_URL"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if STRICT and report.skipped:
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not (PG_URL is None and NEEDS_POSTGRES in reason):
+            report.outcome = "failed"
+            report.longrepr = f"skipped under COLLECTOR_TEST_STRICT=1: {reason}"
+
+
+def pytest_report_header(config):
+    return f"collector database: {'PostgreSQL ' + make_url(PG_URL).render_as_string() if PG_URL else 'SQLite'}"
+
+
+@dataclasses.dataclass
+class TestDatabase:
+    """A migrated database for this test session, and an engine to inspect it."""
+
+    url: str
+    engine: Engine
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.url.startswith("postgresql")
+
+    def clean(self) -> None:
+        with self.engine.begin() as conn:
+            if self.is_postgres:
+                conn.execute(text("TRUNCATE job_events, jobs RESTART IDENTITY CASCADE"))
+            else:
+                conn.execute(text("DELETE FROM job_events"))
+                conn.execute(text("DELETE FROM jobs"))
+
+    def scalar(self, sql: str, **params):
+        with self.engine.connect() as conn:
+            return conn.execute(text(sql), params).scalar()
+
+
+@pytest.fixture(scope="session")
+def new_database(tmp_path_factory):
+    """Factory: an empty, unmigrated database URL of the backend under test (dropped at the end)."""
+    created: list[str] = []
+
+    def make() -> str:
+        if not PG_URL:
+            return "sqlite:///" + str(tmp_path_factory.mktemp("db") / "collector.db")
+        base = make_url(normalise_url(PG_URL))
+        name = f"collector_test_{uuid.uuid4().hex[:12]}"
+        admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        created.append(name)
+        return base.set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    if created:
+        admin = create_engine(make_url(normalise_url(PG_URL)), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            for name in created:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database(new_database) -> Iterator[TestDatabase]:
+    """The session's migrated database."""
+    url = new_database()
+    upgrade(url)
+    engine = create_engine(url, poolclass=NullPool)
+    yield TestDatabase(url=url, engine=engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def postgres(database) -> TestDatabase:
+    """The session database, for tests that only make sense on PostgreSQL."""
+    if not database.is_postgres:
+        pytest.skip(NEEDS_POSTGRES)
+    return database
+
+
+@dataclasses.dataclass
+class LiveServer:
+    """A collector serving on an ephemeral loopback port in this process."""
+
+    url: str
+    settings: Settings
+    token: str | None = None
+
+    def request(self, method: str, path: str, *, token: str | None | bool = True, **kwargs) -> requests.Response:
+        """One request on a fresh connection (as the srtctl reporter sends them)."""
+        headers = kwargs.pop("headers", {})
+        bearer = self.token if token is True else token or None
+        if bearer:
+            headers.setdefault("Authorization", f"Bearer {bearer}")
+        kwargs.setdefault("timeout", 10)
+        kwargs.setdefault("allow_redirects", False)
+        return requests.request(method, self.url + path, headers=headers, **kwargs)
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs) -> requests.Response:
+        return self.request("POST", path, **kwargs)
+
+    def put(self, path: str, **kwargs) -> requests.Response:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs) -> requests.Response:
+        return self.request("DELETE", path, **kwargs)
+
+
+@pytest.fixture
+def serve(database) -> Iterator:
+    """Factory: start a collector on the session database with settings overrides."""
+    database.clean()
+    servers = []
+
+    def start(**overrides) -> LiveServer:
+        overrides.setdefault("database_url", database.url)
+        settings = Settings(**overrides)
+        app = create_app(settings)
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        servers.append((server, thread, app))
+        return LiveServer(url=f"http://127.0.0.1:{server.server_port}", settings=settings,
+                          token=settings.write_token)
+
+    yield start
+    for server, thread, app in servers:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+        app.extensions["collector.db"].dispose()
+
+
+@pytest.fixture
+def api(serve) -> LiveServer:
+    """A collector with a write token, the shape of a shared deployment."""
+    return serve(write_token="w-" + uuid.uuid4().hex, read_token="r-" + uuid.uuid4().hex)

@@ -1,0 +1,414 @@
+"""/api/jobs: the built-in collector's behaviours, multi-cluster identity, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reporter import Reporter
+
+SUBMIT = {
+    "job_id": "12345",
+    "job_name": "benchmark-run",
+    "cluster": "gpu-cluster-01",
+    "recipe": "configs/benchmark.yaml",
+    "submitted_at": "2025-01-26T10:30:00Z",
+    "metadata": {"tags": ["pipeline:98765", "suite:kv-router-comparison"]},
+}
+
+
+def put(api, job_id, status="workers", *, updated_at="2025-01-26T10:35:00Z", **fields):
+    return api.put(f"/api/jobs/{job_id}", json={"status": status, "updated_at": updated_at, **fields})
+
+
+def detail(api, job_id, **params):
+    response = api.get(f"/api/jobs/{job_id}", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def timeline(job):
+    return [(e["status"], e["stage"], e["message"]) for e in job["events"]]
+
+
+def test_srtctl_lifecycle_reads_back_whole(api):
+    reporter = Reporter(api.url, "12345", token=api.token)
+    assert reporter.create("benchmark-run", cluster="b200", recipe="configs/b.yaml",
+                           metadata={"tags": ["suite:x"], "model": {"container": "img:1"}})
+    assert reporter.run_lifecycle(job_name="benchmark-run", cluster="b200") == [True] * 8
+
+    job = detail(api, "12345")
+    assert timeline(job) == [
+        ("submitted", None, None),
+        ("starting", "starting", "Job started on node-01"),
+        ("starting", "head_infrastructure", "Starting head infrastructure"),
+        ("workers", "workers", "Starting workers"),
+        ("frontend", "frontend", "Starting frontend"),
+        ("frontend", "frontend", "Inference endpoint ready"),
+        ("benchmark", "benchmark", "Running benchmark"),
+        ("benchmark", "cleanup", "Artifacts uploaded"),
+        ("completed", "cleanup", "Benchmark completed successfully"),
+    ]
+    ids = [e["id"] for e in job["events"]]
+    assert ids == sorted(ids) and len(set(ids)) == 9
+    assert {e["cluster"] for e in job["events"]} == {"b200"}
+    assert job["job_name"] == "benchmark-run"
+    assert job["cluster"] == "b200"
+    assert job["recipe"] == "configs/b.yaml"
+    assert job["status"] == "completed" and job["stage"] == "cleanup"
+    assert job["message"] == "Benchmark completed successfully"
+    assert job["exit_code"] == 0
+    assert job["logs_url"] == "s3://bucket/outputs/12345/"
+    assert job["started_at"].endswith("Z") and job["completed_at"].endswith("Z")
+    assert job["benchmark_results"] is None and job["artifacts"] is None
+    meta = job["metadata"]
+    assert meta["tags"] == ["suite:x"]
+    assert meta["head_node"] == "node-01"
+    assert meta["log_dir"] == "/lustre/outputs/12345/logs/12345_1P_4D"
+    # Nested objects merge: the started report's model lacks the container the POST had.
+    assert meta["model"] == {"container": "img:1", "path": "/models/deepseek-r1", "precision": "fp8"}
+    assert meta["resources"]["gpus_per_node"] == 8
+
+
+def test_post_is_201_with_submitted_and_cluster(api):
+    response = api.post("/api/jobs", json=SUBMIT)
+    assert response.status_code == 201
+    assert response.json() == {"job_id": "12345", "status": "submitted", "cluster": "gpu-cluster-01"}
+    job = detail(api, "12345")
+    assert job["submitted_at"] == "2025-01-26T10:30:00Z"
+    assert job["updated_at"] == "2025-01-26T10:30:00Z"
+    assert job["events"] == [{"id": job["events"][0]["id"], "job_id": "12345", "cluster": "gpu-cluster-01",
+                              "status": "submitted", "stage": None, "message": None,
+                              "created_at": "2025-01-26T10:30:00Z"}]
+
+
+def test_repeated_post_is_201_and_changes_nothing(api):
+    assert api.post("/api/jobs", json=SUBMIT).status_code == 201
+    again = api.post("/api/jobs", json={**SUBMIT, "job_name": "other", "recipe": "x.yaml"})
+    assert again.status_code == 201
+    job = detail(api, "12345")
+    assert job["job_name"] == "benchmark-run" and job["recipe"] == "configs/benchmark.yaml"
+    assert len(job["events"]) == 1
+
+
+def test_put_without_post_creates_placeholder_named_from_metadata(api):
+    response = put(api, "777", "starting", stage="starting", message="Job started on n1",
+                   started_at="2025-01-26T10:33:00Z", updated_at="2025-01-26T10:33:05Z",
+                   metadata={"job_name": "sweep-a", "cluster": "b200"})
+    assert response.status_code == 200
+    assert response.json() == {"job_id": "777", "status": "starting", "cluster": "b200"}
+    job = detail(api, "777")
+    assert job["job_name"] == "sweep-a" and job["cluster"] == "b200"
+    assert job["submitted_at"] == "2025-01-26T10:33:00Z"
+    assert timeline(job) == [("starting", "starting", "Job started on n1")]
+
+
+def test_placeholder_without_identity_is_job_id_and_no_cluster(api):
+    assert put(api, "778").status_code == 200
+    job = detail(api, "778")
+    assert job["job_name"] == "job-778" and job["cluster"] is None
+
+
+def test_late_post_repairs_identity_without_rewinding(api):
+    put(api, "12345", "benchmark", stage="benchmark", message="Running benchmark",
+        updated_at="2025-01-26T10:40:00Z")
+    response = api.post("/api/jobs", json=SUBMIT)
+    assert response.status_code == 201
+    assert response.json()["status"] == "benchmark"
+    job = detail(api, "12345")
+    assert job["status"] == "benchmark" and job["stage"] == "benchmark"
+    assert job["job_name"] == "benchmark-run"
+    assert job["cluster"] == "gpu-cluster-01"
+    assert job["recipe"] == "configs/benchmark.yaml"
+    assert job["submitted_at"] == "2025-01-26T10:30:00Z"
+    assert job["metadata"] == SUBMIT["metadata"]
+    assert timeline(job) == [("benchmark", "benchmark", "Running benchmark")]
+
+
+def test_repair_post_only_moves_submitted_at_earlier(api):
+    api.post("/api/jobs", json=SUBMIT)
+    later = api.post("/api/jobs", json={**SUBMIT, "submitted_at": "2025-01-26T12:00:00Z"})
+    assert later.status_code == 201
+    assert detail(api, "12345")["submitted_at"] == "2025-01-26T10:30:00Z"
+    earlier = api.post("/api/jobs", json={**SUBMIT, "submitted_at": "2025-01-26T09:00:00+01:00"})
+    assert earlier.status_code == 201
+    assert detail(api, "12345")["submitted_at"] == "2025-01-26T08:00:00Z"
+
+
+def test_repair_post_keeps_newer_metadata_and_real_name(api):
+    put(api, "9", "starting", metadata={"job_name": "real", "head_node": "n2", "tags": ["new"]})
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "9", "job_name": "posted", "metadata": {"tags": ["old"], "x": 1}})
+    job = detail(api, "9")
+    # A placeholder name is replaced by the POST even when it came from metadata.
+    assert job["job_name"] == "posted"
+    assert job["metadata"] == {"job_name": "real", "head_node": "n2", "tags": ["new"], "x": 1}
+
+
+def test_event_rule_and_silent_patches(api):
+    api.post("/api/jobs", json=SUBMIT)
+    put(api, "12345", "frontend", stage="frontend", message="Starting frontend")
+    put(api, "12345", "frontend", stage="frontend", message="Starting frontend")
+    put(api, "12345", "frontend", stage="frontend", message="Inference endpoint ready")
+    # Pure metadata / artifacts patches (stage and message omitted) append nothing.
+    put(api, "12345", "frontend", metadata={"k": 1})
+    put(api, "12345", "frontend", artifacts={"a": "s3://x"})
+    job = detail(api, "12345")
+    assert timeline(job) == [
+        ("submitted", None, None),
+        ("frontend", "frontend", "Starting frontend"),
+        ("frontend", "frontend", "Inference endpoint ready"),
+    ]
+    assert job["stage"] == "frontend" and job["message"] == "Inference endpoint ready"
+    assert job["artifacts"] == {"a": "s3://x"} and job["metadata"]["k"] == 1
+
+
+def test_new_status_without_message_drops_the_old_one(api):
+    put(api, "5", "benchmark", stage="benchmark", message="Running benchmark")
+    put(api, "5", "failed", exit_code=3)
+    job = detail(api, "5")
+    assert (job["status"], job["stage"], job["message"], job["exit_code"]) == ("failed", None, None, 3)
+    assert timeline(job)[-1] == ("failed", None, None)
+
+
+def test_benchmark_results_replace_artifacts_and_metadata_merge(api):
+    put(api, "6", benchmark_results={"a": 1, "b": 2}, artifacts={"x": 1}, metadata={"m": {"p": 1}, "keep": "k"})
+    put(api, "6", benchmark_results={"c": 3}, artifacts={"y": 2}, metadata={"m": {"q": 2}, "keep": None})
+    job = detail(api, "6")
+    assert job["benchmark_results"] == {"c": 3}
+    assert job["artifacts"] == {"x": 1, "y": 2}
+    assert job["metadata"] == {"m": {"p": 1, "q": 2}, "keep": "k"}
+
+
+def test_timestamps_normalised_to_utc_z(api):
+    put(api, "7", "starting", updated_at="2025-01-26T12:35:00.250+02:00", started_at="2025-01-26T10:30:00")
+    job = detail(api, "7")
+    assert job["updated_at"] == "2025-01-26T10:35:00.250000Z"
+    assert job["started_at"] == "2025-01-26T10:30:00Z"
+
+
+def test_updated_at_never_moves_back(api):
+    put(api, "8", "workers", updated_at="2025-01-26T11:00:00Z")
+    put(api, "8", "frontend", updated_at="2025-01-26T10:00:00Z")
+    job = detail(api, "8")
+    assert job["status"] == "frontend" and job["updated_at"] == "2025-01-26T11:00:00Z"
+
+
+# ---------------------------------------------------------------- multi-cluster identity
+
+
+def test_same_job_id_on_two_clusters_never_merges(api):
+    for cluster in ("a", "b"):
+        assert api.post("/api/jobs", json={**SUBMIT, "cluster": cluster, "job_name": f"on-{cluster}"}).status_code == 201
+    put(api, "12345", "workers", stage="workers", metadata={"cluster": "a"})
+    assert detail(api, "12345", cluster="a")["status"] == "workers"
+    assert detail(api, "12345", cluster="b")["status"] == "submitted"
+    assert detail(api, "12345", cluster="b")["job_name"] == "on-b"
+    listed = api.get("/api/jobs").json()
+    assert listed["total"] == 2
+
+
+def test_ambiguous_unclustered_read_and_write_are_409_naming_clusters(api):
+    for cluster in ("b", "a"):
+        api.post("/api/jobs", json={**SUBMIT, "cluster": cluster})
+    for response in (api.get("/api/jobs/12345"), put(api, "12345"), api.delete("/api/jobs/12345"),
+                     api.get("/api/jobs/12345/events")):
+        assert response.status_code == 409, response.text
+        assert response.json()["clusters"] == ["a", "b"]
+        assert "a, b" in response.json()["detail"]
+    assert api.get("/api/jobs").json()["total"] == 2
+
+
+def test_clustered_write_claims_cluster_less_row(api):
+    put(api, "42", "starting", metadata={"job_name": "n"})
+    assert detail(api, "42")["cluster"] is None
+    put(api, "42", "workers", metadata={"cluster": "c1"})
+    job = detail(api, "42", cluster="c1")
+    assert job["status"] == "workers" and job["job_name"] == "n"
+    assert api.get("/api/jobs").json()["total"] == 1
+    # A POST naming another cluster now creates that cluster's own row.
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "42", "cluster": "c2"})
+    assert api.get("/api/jobs").json()["total"] == 2
+
+
+def test_unclustered_write_follows_the_only_row(api):
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "43", "cluster": "c1"})
+    # Older reporters send the cluster only in their first PUT.
+    assert put(api, "43", "workers").json() == {"job_id": "43", "status": "workers", "cluster": "c1"}
+    assert detail(api, "43")["status"] == "workers"
+
+
+def test_unclustered_post_repairs_the_only_row_instead_of_adding_one(api):
+    put(api, "44", "workers", metadata={"cluster": "c1"})
+    response = api.post("/api/jobs", json={**SUBMIT, "job_id": "44", "cluster": None})
+    assert response.json() == {"job_id": "44", "status": "workers", "cluster": "c1"}
+    assert api.get("/api/jobs").json()["total"] == 1
+    assert detail(api, "44")["job_name"] == SUBMIT["job_name"]
+
+
+def test_read_with_unknown_cluster_is_404(api):
+    api.post("/api/jobs", json=SUBMIT)
+    response = api.get("/api/jobs/12345", params={"cluster": "nope"})
+    assert response.status_code == 404
+    assert response.json()["detail"] == "job 12345 not found on cluster nope"
+
+
+# ---------------------------------------------------------------- list
+
+
+def seed_list(api):
+    for i, (cluster, status) in enumerate([("a", "submitted"), ("b", "workers"), ("a", "completed"),
+                                            ("b", "completed"), ("a", "workers")]):
+        api.post("/api/jobs", json={**SUBMIT, "job_id": str(100 + i), "cluster": cluster,
+                                    "submitted_at": f"2025-01-26T10:0{i}:00Z"})
+        if status != "submitted":
+            put(api, str(100 + i), status, metadata={"cluster": cluster})
+
+
+def test_list_newest_first_with_pages_and_filters(api):
+    seed_list(api)
+    everything = api.get("/api/jobs").json()
+    assert [j["job_id"] for j in everything["jobs"]] == ["104", "103", "102", "101", "100"]
+    assert (everything["total"], everything["page"], everything["per_page"]) == (5, 1, 50)
+    page2 = api.get("/api/jobs", params={"page": 2, "per_page": 2}).json()
+    assert [j["job_id"] for j in page2["jobs"]] == ["102", "101"]
+    assert (page2["total"], page2["page"], page2["per_page"]) == (5, 2, 2)
+    completed_a = api.get("/api/jobs", params={"status": "completed", "cluster": "a"}).json()
+    assert [j["job_id"] for j in completed_a["jobs"]] == ["102"] and completed_a["total"] == 1
+    summary = completed_a["jobs"][0]
+    assert set(summary) == {"job_id", "job_name", "status", "stage", "message", "cluster", "submitted_at",
+                            "started_at", "completed_at", "updated_at", "exit_code"}
+    beyond = api.get("/api/jobs", params={"page": 9}).json()
+    assert beyond["jobs"] == [] and beyond["total"] == 5
+
+
+def test_list_per_page_is_clamped_to_100(api):
+    body = api.get("/api/jobs", params={"per_page": 1000}).json()
+    assert body["per_page"] == 100
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"page": "0"}, "page"),
+        ({"page": "x"}, "page"),
+        ({"per_page": "0"}, "per_page"),
+        ({"per_page": "1.5"}, "per_page"),
+        ({"status": "running"}, "status"),
+        ({"page": str(2**70)}, "page"),
+    ],
+)
+def test_list_bad_query_is_422_naming_the_parameter(api, params, field):
+    response = api.get("/api/jobs", params=params)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["errors"][0]["loc"] == ["query", field]
+    assert field in body["detail"] and body["request_id"] == response.headers["X-Request-ID"]
+
+
+# ---------------------------------------------------------------- delete
+
+
+def test_delete_removes_job_and_events(api, database):
+    api.post("/api/jobs", json=SUBMIT)
+    put(api, "12345", "workers", stage="workers")
+    response = api.delete("/api/jobs/12345")
+    assert response.status_code == 200
+    assert response.json() == {"deleted": True, "job_id": "12345", "cluster": "gpu-cluster-01"}
+    assert api.get("/api/jobs/12345").status_code == 404
+    assert database.scalar("SELECT count(*) FROM job_events") == 0
+    again = api.delete("/api/jobs/12345")
+    assert again.status_code == 404 and again.json()["detail"] == "job 12345 not found"
+
+
+def test_delete_with_cluster_removes_only_that_cluster(api):
+    for cluster in ("a", "b"):
+        api.post("/api/jobs", json={**SUBMIT, "cluster": cluster})
+    assert api.delete("/api/jobs/12345", params={"cluster": "a"}).status_code == 200
+    assert detail(api, "12345")["cluster"] == "b"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"status": "running", "updated_at": "2025-01-26T10:35:00Z"}, "status"),
+        ({"status": "workers", "stage": "warmup", "updated_at": "2025-01-26T10:35:00Z"}, "stage"),
+        ({"updated_at": "2025-01-26T10:35:00Z"}, "status"),
+        ({"status": "workers"}, "updated_at"),
+        ({"status": "workers", "updated_at": "yesterday"}, "updated_at"),
+        ({"status": "workers", "updated_at": 1737887700}, "updated_at"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "started_at": "2025-13-01"}, "started_at"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "exit_code": "zero"}, "exit_code"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "metadata": ["x"]}, "metadata"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "artifacts": "x"}, "artifacts"),
+        ({"status": 3, "updated_at": "2025-01-26T10:35:00Z"}, "status"),
+    ],
+)
+def test_bad_put_is_422_and_stores_nothing(api, database, body, field):
+    response = api.put("/api/jobs/500", json=body)
+    assert response.status_code == 422, response.text
+    assert field in [e["loc"][1] for e in response.json()["errors"]]
+    assert field in response.json()["detail"]
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"job_id": None}, "job_id"),
+        ({"job_id": 12345}, "job_id"),
+        ({"job_id": ""}, "job_id"),
+        ({"job_id": "a/b"}, "job_id"),
+        ({"job_id": "x" * 256}, "job_id"),
+        ({"job_name": None}, "job_name"),
+        ({"submitted_at": "2025-01-26 nope"}, "submitted_at"),
+        ({"cluster": ["a"]}, "cluster"),
+        ({"metadata": "tags"}, "metadata"),
+    ],
+)
+def test_bad_post_is_422_and_stores_nothing(api, database, change, field):
+    body = {k: v for k, v in {**SUBMIT, **change}.items() if v is not None}
+    response = api.post("/api/jobs", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["loc"] == ["body", field]
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize("raw", [b"{bad", b"", b"\xff\xfe", b"[1, 2", b"nul"])
+def test_invalid_json_is_400(api, database, raw):
+    response = api.put("/api/jobs/1", data=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("body is not valid JSON")
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"42", b'"text"', b"null"])
+def test_non_object_json_is_422(api, raw):
+    response = api.post("/api/jobs", data=raw)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("body must be a JSON object")
+
+
+def test_unknown_job_is_404_everywhere(api):
+    for response in (api.get("/api/jobs/nope"), api.get("/api/jobs/nope/events"), api.delete("/api/jobs/nope")):
+        assert response.status_code == 404
+        assert response.json()["detail"] == "job nope not found"
+
+
+def test_oversize_job_id_in_path_is_422(api):
+    response = put(api, "9" * 300)
+    assert response.status_code == 422
+    assert "job id" in response.json()["detail"]
+
+
+def test_unknown_fields_are_ignored(api):
+    response = put(api, "31", future_field={"x": 1})
+    assert response.status_code == 200
+    assert "future_field" not in detail(api, "31")
+
+
+def test_wrong_method_is_405_envelope(api):
+    response = api.request("PATCH", "/api/jobs/1")
+    assert response.status_code == 405
+    assert response.json()["request_id"] == response.headers["X-Request-ID"]
