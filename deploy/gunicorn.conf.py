@@ -43,8 +43,10 @@ logconfig_dict = {
     "handlers": {
         "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"},
     },
+    "root": {"level": "WARNING", "handlers": ["stderr"]},
     "loggers": {
         "collector": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
         "gunicorn.error": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+        "gunicorn.access": {"level": "WARNING", "handlers": ["stderr"], "propagate": False},
     },
 }

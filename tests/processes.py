@@ -1,0 +1,90 @@
+"""Real collector processes (`collector serve`, gunicorn) on ephemeral ports, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+_LISTENING = re.compile(r"(?:listening on|Listening at:) http://([\d.]+):(\d+)")
+
+
+class ServerProcess:
+    """A child process serving the collector; its output is collected for assertions."""
+
+    def __init__(self, args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 30) -> None:
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._found = threading.Event()
+        self.proc = subprocess.Popen(
+            args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not self._found.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{' '.join(args[-3:])} did not start listening:\n{self.output}")
+        self._wait_healthy(timeout)
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            match = _LISTENING.search(line)
+            if match and self.url is None:
+                self.url = f"http://{match.group(1)}:{match.group(2)}"
+                self._found.set()
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/api/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server never became healthy:\n{self.output}")
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        """SIGTERM the process group, wait, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        return self.proc.returncode
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without collector/srtctl settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLECTOR_", "SRTCTL_"))}
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def collector_command(*args: str) -> list[str]:
+    """``collector ARGS`` run with this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-c", "from collector.cli import main; main()", *args]
+
+
+def run(args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a command to completion and capture its output."""
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)

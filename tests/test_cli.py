@@ -1,0 +1,118 @@
+"""The `collector` command and `flask --app collector db`, as real subprocesses."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.processes import ServerProcess
+from tests.processes import child_env
+from tests.processes import collector_command
+from tests.processes import run
+from tests.reporter import Reporter
+
+
+def test_serve_on_fresh_sqlite_migrates_and_takes_a_whole_srtctl_run(tmp_path):
+    db = tmp_path / "state" / "status.db"
+    server = ServerProcess(collector_command("serve", "--port", "0", "--db", str(db)), child_env())
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        reporter = Reporter(server.url, "4242")
+        assert reporter.create("sweep", cluster="b200", recipe="r.yaml")
+        assert all(reporter.run_lifecycle(job_name="sweep", cluster="b200"))
+        job = reporter_detail(server.url, "4242")
+        assert job["status"] == "completed" and len(job["events"]) == 9
+    finally:
+        assert server.stop() == 0
+    assert db.exists()
+    # One log line per lifecycle transition, with the job's cluster and id.
+    transitions = [line for line in server.lines if "collector.jobs" in line]
+    assert len(transitions) == 9
+    assert "job b200/4242 -> completed/cleanup: Benchmark completed successfully" in transitions[-1]
+
+
+def reporter_detail(url, job_id):
+    import requests
+
+    response = requests.get(f"{url}/api/jobs/{job_id}", timeout=5)
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_serve_with_tokens_and_cors_flags(tmp_path):
+    env = child_env(MY_WRITE="w-token", MY_READ="r-token")
+    args = collector_command("serve", "--port", "0", "--db", str(tmp_path / "s.db"), "--token-env", "MY_WRITE",
+                             "--read-token-env", "MY_READ", "--cors-origin", "https://a.example",
+                             "--cors-origin", "https://b.example")
+    server = ServerProcess(args, env)
+    try:
+        assert Reporter(server.url, "1", token="w-token").create("n")
+        assert not Reporter(server.url, "2", token="r-token").create("n")
+        import requests
+
+        read = requests.get(server.url + "/api/jobs/1", headers={"Authorization": "Bearer r-token",
+                                                                  "Origin": "https://b.example"}, timeout=5)
+        assert read.status_code == 200 and read.headers["Access-Control-Allow-Origin"] == "https://b.example"
+        assert requests.get(server.url + "/api/jobs/1", timeout=5).status_code == 401
+    finally:
+        server.stop()
+    assert "w-token" not in server.output and "r-token" not in server.output
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--host", "0.0.0.0"], {}, "refusing to listen on 0.0.0.0 without a token"),
+        ([], {"SRTCTL_STATUS_READ_TOKEN": "r"}, "without a write token"),
+    ],
+)
+def test_serve_refuses_unsafe_configurations(tmp_path, args, env, message):
+    result = run(collector_command("serve", "--port", "0", "--db", str(tmp_path / "x.db"), *args),
+                 child_env(**env), timeout=30)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_serve_open_off_loopback_with_allow_unauthenticated(tmp_path):
+    server = ServerProcess(collector_command("serve", "--host", "0.0.0.0", "--port", "0", "--db",
+                                             str(tmp_path / "o.db"), "--allow-unauthenticated"), child_env())
+    try:
+        assert server.url.startswith("http://0.0.0.0:")
+    finally:
+        server.stop()
+
+
+def test_db_upgrade_and_current(new_database):
+    url = new_database()
+    before = run(collector_command("db", "current", "--db", url), child_env())
+    assert before.returncode == 0, before.stderr
+    assert before.stdout.startswith("(none) (behind: run `collector db upgrade`")
+    upgraded = run(collector_command("db", "upgrade"), child_env(COLLECTOR_DATABASE_URL=url))
+    assert upgraded.returncode == 0, upgraded.stderr
+    after = run(collector_command("db", "current", "--db", url), child_env())
+    assert after.stdout.strip().endswith("(up to date)")
+
+
+def test_flask_db_upgrade_migrates_the_configured_database(new_database):
+    url = new_database()
+    result = run([sys.executable, "-m", "flask", "--app", "collector", "db", "upgrade"],
+                 child_env(COLLECTOR_DATABASE_URL=url))
+    assert result.returncode == 0, result.stderr
+    after = run(collector_command("db", "current", "--db", url), child_env())
+    assert after.stdout.strip().endswith("(up to date)")
+
+
+def test_serve_refuses_an_unmigrated_postgres(postgres, new_database):
+    url = new_database()
+    result = run(collector_command("serve", "--port", "0", "--db", url), child_env(), timeout=30)
+    assert result.returncode != 0
+    assert "run `collector db upgrade`" in result.stderr
+
+
+def test_serve_on_migrated_postgres(postgres):
+    server = ServerProcess(collector_command("serve", "--port", "0", "--db", postgres.url), child_env())
+    try:
+        assert Reporter(server.url, "pg-1").create("n", cluster="c")
+    finally:
+        server.stop()

@@ -1,0 +1,55 @@
+"""Migrations: one head, upgrade from empty, down and up again, and no drift from the models."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
+from sqlalchemy import inspect
+from sqlalchemy.pool import NullPool
+
+from collector import migrations
+from collector.models import Base
+
+
+def test_single_head():
+    script = ScriptDirectory.from_config(migrations.alembic_config("sqlite://"))
+    assert len(script.get_heads()) == 1
+    assert migrations.head_revision() == script.get_current_head()
+
+
+def test_upgrade_from_empty_then_down_and_up(new_database):
+    url = new_database()
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        assert migrations.current_revision(engine) is None
+        migrations.upgrade(url)
+        assert migrations.current_revision(engine) == migrations.head_revision()
+        assert {"jobs", "job_events", "alembic_version"} <= set(inspect(engine).get_table_names())
+        migrations.downgrade(url, "base")
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+        migrations.upgrade(url)
+        assert migrations.schema_problem(engine) is None
+    finally:
+        engine.dispose()
+
+
+def test_models_and_migrations_agree(database):
+    with database.engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={"compare_type": True, "compare_server_default": database.is_postgres},
+        )
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def test_schema_problem_names_the_command(new_database):
+    url = new_database()
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        problem = migrations.schema_problem(engine)
+        assert problem == (f"database schema is not migrated but this code needs {migrations.head_revision()}: "
+                           "run `collector db upgrade`")
+    finally:
+        engine.dispose()

@@ -1,0 +1,78 @@
+"""Settings: environment parsing, URL normalisation and the startup refusals the spec requires."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collector.app import create_app
+from collector.settings import Settings
+from collector.settings import SettingsError
+from collector.settings import database_url
+from collector.settings import is_loopback
+
+
+def test_defaults_are_sqlite_on_loopback_8080():
+    settings = Settings.from_env({})
+    assert settings.host == "127.0.0.1" and settings.port == 8080
+    assert settings.database_url == "sqlite:///" + str(Path("~/.local/state/collector/status.db").expanduser())
+    assert settings.write_token is None and settings.read_token is None
+    assert settings.migrates_on_start
+
+
+def test_tokens_come_from_the_named_variables():
+    env = {"COLLECTOR_TOKEN_ENV": "MY_W", "COLLECTOR_READ_TOKEN_ENV": "MY_R", "MY_W": "w", "MY_R": "r",
+           "SRTCTL_STATUS_TOKEN": "ignored"}
+    settings = Settings.from_env(env)
+    assert (settings.write_token, settings.read_token) == ("w", "r")
+    flag = Settings.from_env({"ALT": "x"}, token_env="ALT")
+    assert flag.write_token == "x" and flag.token_env == "ALT"
+
+
+def test_environment_variables_and_overrides():
+    env = {"COLLECTOR_DATABASE_URL": "postgresql://u@h/db", "COLLECTOR_HOST": "0.0.0.0", "COLLECTOR_PORT": "9000",
+           "COLLECTOR_ALLOW_UNAUTHENTICATED": "true", "COLLECTOR_CORS_ORIGINS": "https://a, https://b"}
+    settings = Settings.from_env(env)
+    assert settings.database_url == "postgresql+psycopg://u@h/db"
+    assert (settings.host, settings.port, settings.allow_unauthenticated) == ("0.0.0.0", 9000, True)
+    assert settings.cors_origins == ("https://a", "https://b")
+    assert not settings.migrates_on_start
+    assert Settings.from_env(env, port=1234, database_url="/tmp/x.db").database_url == "sqlite:////tmp/x.db"
+
+
+def test_bad_integer_variable_is_a_clear_error():
+    with pytest.raises(SettingsError, match="COLLECTOR_PORT must be an integer, got 'eighty'"):
+        Settings.from_env({"COLLECTOR_PORT": "eighty"})
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("relative.db", "sqlite:///" + str(Path("relative.db").resolve())),
+     ("postgres://h/db", "postgresql+psycopg://h/db"),
+     ("sqlite:////abs/x.db", "sqlite:////abs/x.db")],
+)
+def test_database_url_forms(value, expected):
+    assert database_url(value) == expected
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("::1", True), ("localhost", True),
+                                            ("127.1.2.3", True), ("0.0.0.0", False), ("10.0.0.1", False),
+                                            ("login-node", False)])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_read_token_without_write_token_refuses_to_start():
+    with pytest.raises(SettingsError, match="read token .* without a write token"):
+        create_app(Settings(database_url="sqlite://", read_token="r"))
+
+
+def test_no_token_off_loopback_refuses_to_start():
+    with pytest.raises(SettingsError, match="refusing to listen on 0.0.0.0 without a token"):
+        create_app(Settings(database_url="sqlite://", host="0.0.0.0"))
+
+
+def test_no_token_off_loopback_is_allowed_when_asked():
+    create_app(Settings(database_url="sqlite://", host="0.0.0.0", allow_unauthenticated=True))
+    create_app(Settings(database_url="sqlite://", host="0.0.0.0", write_token="w"))
