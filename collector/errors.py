@@ -9,6 +9,8 @@ from flask import Response
 from flask import g
 from flask import json
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("collector")
@@ -73,6 +75,14 @@ def init_app(app: Flask) -> None:
         if exc.code == 405 and exc.valid_methods:
             headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return error_response(exc.code or 500, exc.description or exc.name, headers)
+
+    @app.errorhandler(OperationalError)
+    @app.errorhandler(PoolTimeout)
+    def on_database_unavailable(exc: Exception):
+        # Unreachable, restarting or overloaded database: the client should retry, and
+        # the reporter's fire-and-forget retry treats 503 like a network error.
+        log.warning("database unavailable [request_id=%s]: %s", g.get("request_id"), str(exc).splitlines()[0])
+        return error_response(503, "database unavailable; try again", {"Retry-After": "1"})
 
     @app.errorhandler(Exception)
     def on_unexpected(exc: Exception):

@@ -1,0 +1,62 @@
+"""A plain, non-editable install carries its migrations and page and works outside the checkout."""
+
+from __future__ import annotations
+
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.processes import ROOT
+from tests.processes import ServerProcess
+from tests.processes import child_env
+from tests.processes import run
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                 child_env(), timeout=300)
+    assert result.returncode == 0, result.stderr
+    (path,) = out.glob("collector-*.whl")
+    return path
+
+
+def test_wheel_contains_migrations_and_ui(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "collector/_alembic/env.py" in names
+    assert "collector/_alembic/script.py.mako" in names
+    assert any(n.startswith("collector/_alembic/versions/") and n.endswith(".py") for n in names)
+    assert "collector/_ui/index.html" in names
+    assert not any(n.startswith("tests/") for n in names)
+
+
+def test_installed_wheel_migrates_and_serves_outside_the_checkout(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    # Borrow this interpreter's dependencies without its .pth files, so the checkout's
+    # editable install stays invisible and only the wheel provides `collector`.
+    venv_site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], child_env())
+    (Path(venv_site.stdout.strip()) / "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    installed = run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], child_env(), timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    where = run([python, "-c", "import collector; print(collector.__file__)"], child_env(), cwd=tmp_path)
+    assert where.stdout.strip().startswith(str(venv)), where.stdout
+
+    db = tmp_path / "state.db"
+    upgraded = run([str(venv / "bin" / "collector"), "db", "upgrade", "--db", str(db)], child_env(), cwd=tmp_path)
+    assert upgraded.returncode == 0, upgraded.stderr
+    server = ServerProcess([str(venv / "bin" / "collector"), "serve", "--port", "0", "--db", str(db)],
+                           child_env(), cwd=tmp_path)
+    try:
+        page = requests.get(server.url + "/", timeout=5)
+        assert page.status_code == 200 and "<html" in page.text
+        assert requests.get(server.url + "/api/ready", timeout=5).json()["status"] == "ok"
+    finally:
+        server.stop()

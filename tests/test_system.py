@@ -1,0 +1,58 @@
+"""/api/health and /api/ready against reachable, unreachable and out-of-date databases."""
+
+from __future__ import annotations
+
+from collector.migrations import head_revision
+from collector.migrations import upgrade
+
+
+def test_ready_reports_database_and_revision(api):
+    response = api.get("/api/ready", token=None)
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": "ok", "revision": head_revision()}
+
+
+def test_ready_is_503_when_the_schema_is_missing(serve, new_database):
+    server = serve(database_url=new_database())
+    response = server.get("/api/ready")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "database": f"schema not migrated, code needs {head_revision()}: run `collector db upgrade`",
+        "revision": None,
+    }
+
+
+def test_ready_is_503_when_the_schema_is_behind(serve, new_database, database):
+    url = new_database()
+    upgrade(url)
+    server = serve(database_url=url)
+    from sqlalchemy import create_engine
+    from sqlalchemy import text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+    engine.dispose()
+    body = server.get("/api/ready").json()
+    assert body["status"] == "unavailable" and body["revision"] == "0000"
+    assert body["database"] == f"schema at 0000, code needs {head_revision()}: run `collector db upgrade`"
+
+
+def test_ready_is_503_when_the_database_is_unreachable(serve, tmp_path):
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+    server = serve(database_url=url)
+    response = server.get("/api/ready")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable" and body["revision"] is None
+    assert body["database"].startswith("unreachable: ")
+    # Liveness does not depend on the database.
+    assert server.get("/api/health").json() == {"status": "ok"}
+
+
+def test_database_errors_on_api_routes_are_503_not_500(serve):
+    server = serve(database_url="postgresql+psycopg://nobody@127.0.0.1:1/none")
+    response = server.get("/api/jobs")
+    assert response.status_code == 503
+    assert response.json()["detail"] == "database unavailable; try again"
