@@ -53,7 +53,7 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
         raise click.ClickException(str(exc)) from None
     server = make_server(settings.host, settings.port, app, threaded=True, request_handler=_quiet_handler())
     # SIGTERM (systemd, tests) shuts down like Ctrl-C instead of dying mid-request.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     auth = "token required" if settings.write_token else "no token (open)"
     log.info("collector listening on http://%s:%d (%s, %s)", settings.host, server.server_port,
              _redacted(settings.database_url), auth)

@@ -396,10 +396,24 @@ def test_unknown_job_is_404_everywhere(api):
         assert response.json()["detail"] == "job nope not found"
 
 
-def test_oversize_job_id_in_path_is_422(api):
-    response = put(api, "9" * 300)
+@pytest.mark.parametrize("job_id", ["9" * 300, "tab%09id", "nul%00"])
+def test_bad_job_id_in_path_is_422(api, database, job_id):
+    response = put(api, job_id)
     assert response.status_code == 422
-    assert "job id" in response.json()["detail"]
+    assert response.json()["detail"].startswith("invalid job id in the path: ")
+    assert response.json()["errors"][0]["loc"] == ["path", "job_id"]
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+def test_slash_in_path_job_id_is_404(api):
+    assert put(api, "a/b").status_code == 404
+
+
+def test_head_is_get_without_a_body(api):
+    api.post("/api/jobs", json=SUBMIT)
+    get, head = api.get("/api/jobs/12345"), api.request("HEAD", "/api/jobs/12345")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["Content-Length"] == get.headers["Content-Length"]
 
 
 def test_unknown_fields_are_ignored(api):

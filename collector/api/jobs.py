@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint
+from pydantic import TypeAdapter
+from pydantic import ValidationError
 
 from collector.api import parse_body
 from collector.api import parse_query
@@ -12,7 +14,7 @@ from collector.api import respond
 from collector.api.queries import ClusterQuery
 from collector.api.queries import EventQuery
 from collector.api.queries import JobListQuery
-from collector.contract import MAX_ID_LENGTH
+from collector.contract import Identifier
 from collector.contract import DeleteResponse
 from collector.contract import JobCreatePayload
 from collector.contract import JobEventListResponse
@@ -21,6 +23,7 @@ from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
 from collector.db import get_session
 from collector.errors import Unprocessable
+from collector.errors import validation_detail
 from collector.store import events as event_store
 from collector.store import jobs as job_store
 from collector.store.jobs import WriteResult
@@ -29,10 +32,17 @@ bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
 log = logging.getLogger("collector.jobs")
 
 
+_JOB_ID = TypeAdapter(Identifier)
+
+
 def _checked_job_id(job_id: str) -> str:
-    if len(job_id) > MAX_ID_LENGTH or any(ord(c) < 0x20 or ord(c) == 0x7F for c in job_id):
-        raise Unprocessable(f"job id must be at most {MAX_ID_LENGTH} printable characters")
-    return job_id
+    """The path's job id, held to the same rule as a POSTed one."""
+    try:
+        return _JOB_ID.validate_python(job_id)
+    except ValidationError as exc:
+        detail, errors = validation_detail(exc, "path")
+        raise Unprocessable(detail.replace("invalid path: ", "invalid job id in the path: "),
+                            extra={"errors": [{**e, "loc": ["path", "job_id"]} for e in errors]}) from None
 
 
 def _committed(result: WriteResult, status: int) -> object:

@@ -142,8 +142,9 @@ def update(session: Session, job_id: str, payload: JobUpdatePayload) -> WriteRes
     return _result(job, events.append_if_changed(session, job, payload.updated_at))
 
 
-def _summary(job: Job) -> JobSummary:
-    return JobSummary(
+def _common(job: Job) -> dict:
+    """The fields JobSummary and JobDetail share."""
+    return dict(
         job_id=job.job_id,
         job_name=job.job_name,
         status=job.status,
@@ -162,8 +163,7 @@ def detail(session: Session, job_id: str, cluster: str | None) -> JobDetail:
     """One job with its ordered event history."""
     job = find_for_read(session, job_id, cluster)
     return JobDetail(
-        **_summary(job).model_dump(exclude={"started_at"}),
-        started_at=job.started_at,
+        **_common(job),
         recipe=job.recipe,
         logs_url=job.logs_url,
         benchmark_results=job.benchmark_results,
@@ -196,7 +196,7 @@ def page(
         .limit(per_page)
         .offset((page - 1) * per_page)
     )
-    return [_summary(job) for job in rows], total or 0
+    return [JobSummary(**_common(job)) for job in rows], total or 0
 
 
 def remove(session: Session, job_id: str, cluster: str | None) -> str | None:
