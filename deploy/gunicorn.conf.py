@@ -46,6 +46,8 @@ logconfig_dict = {
     "root": {"level": "WARNING", "handlers": ["stderr"]},
     "loggers": {
         "collector": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+        # One line per request; set to "warning" to keep only the application log.
+        "collector.access": {"level": os.environ.get("COLLECTOR_ACCESS_LOG_LEVEL", "info").upper()},
         "gunicorn.error": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
         "gunicorn.access": {"level": "WARNING", "handlers": ["stderr"], "propagate": False},
     },

@@ -20,7 +20,9 @@ _LISTENING = re.compile(r"(?:listening on|Listening at:) http://([\d.]+):(\d+)")
 class ServerProcess:
     """A child process serving the collector; its output is collected for assertions."""
 
-    def __init__(self, args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 30) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 30,
+                 health_path: str = "/api/health") -> None:
+        self.health_path = health_path
         self.lines: list[str] = []
         self.url: str | None = None
         self._found = threading.Event()
@@ -48,7 +50,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if requests.get(self.url + "/api/health", timeout=2).status_code == 200:
+                if requests.get(self.url + self.health_path, timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass

@@ -1,0 +1,146 @@
+"""The practical upper bound of this stack: Flask + raw psycopg, no validation, ORM or auth.
+
+Served by gunicorn with the collector's own deploy/gunicorn.conf.py, against the same
+schema, doing the same writes and reads per request as the collector does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+
+import psycopg
+from flask import Flask
+from flask import Response
+from flask import request
+
+app = Flask(__name__)
+DSN = os.environ["BASELINE_DSN"]
+_local = threading.local()
+
+
+def _connection() -> psycopg.Connection:
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        # One long-lived connection per gunicorn thread: the cheapest pooling there is.
+        conn = _local.conn = psycopg.connect(DSN, autocommit=True)
+    return conn
+
+
+@contextlib.contextmanager
+def connection():
+    """A transaction on this thread's connection (commit on success, rollback on error)."""
+    conn = _connection()
+    with conn.transaction():
+        yield conn
+
+
+def reply(body: dict, status: int = 200) -> Response:
+    return Response(json.dumps(body, default=str), status=status, mimetype="application/json")
+
+
+@app.get("/hello")
+def hello():
+    return "hello"
+
+
+@app.post("/api/jobs")
+def create():
+    body = request.get_json(force=True)
+    with connection() as conn:
+        row = conn.execute(
+            "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, recipe, submitted_at, updated_at,"
+            " metadata) VALUES (%s, %s, %s, false, 'submitted', %s, %s, %s, %s)"
+            " ON CONFLICT (cluster, job_id) DO UPDATE SET recipe = coalesce(jobs.recipe, excluded.recipe)"
+            " RETURNING id, (xmax = 0)",
+            (body.get("cluster") or "", body["job_id"], body["job_name"], body.get("recipe"), body["submitted_at"],
+             body["submitted_at"], json.dumps(body.get("metadata"))),
+        ).fetchone()
+        if row[1]:
+            conn.execute("INSERT INTO job_events (job_pk, status, created_at) VALUES (%s, 'submitted', %s)",
+                         (row[0], body["submitted_at"]))
+    return reply({"job_id": body["job_id"], "status": "submitted"}, 201)
+
+
+@app.put("/api/jobs/<job_id>")
+def update(job_id: str):
+    body = request.get_json(force=True)
+    metadata = body.get("metadata") or {}
+    with connection() as conn:
+        (pk,) = conn.execute(
+            "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, stage, message, submitted_at,"
+            " updated_at, metadata) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (cluster, job_id) DO UPDATE SET status = excluded.status, stage = excluded.stage,"
+            " message = excluded.message, updated_at = excluded.updated_at,"
+            " metadata = coalesce(jobs.metadata, '{}'::jsonb) || coalesce(excluded.metadata, '{}'::jsonb)"
+            " RETURNING id",
+            (metadata.get("cluster") or "", job_id, f"job-{job_id}", body["status"], body.get("stage"),
+             body.get("message"), body["updated_at"], body["updated_at"], json.dumps(metadata)),
+        ).fetchone()
+        last = conn.execute(
+            "SELECT status, stage, message FROM job_events WHERE job_pk = %s ORDER BY id DESC LIMIT 1", (pk,)
+        ).fetchone()
+        if last != (body["status"], body.get("stage"), body.get("message")):
+            conn.execute(
+                "INSERT INTO job_events (job_pk, status, stage, message, created_at) VALUES (%s, %s, %s, %s, %s)",
+                (pk, body["status"], body.get("stage"), body.get("message"), body["updated_at"]),
+            )
+    return reply({"job_id": job_id, "status": body["status"]})
+
+
+SUMMARY = ("job_id, job_name, status, stage, message, cluster, submitted_at, started_at, completed_at, updated_at,"
+           " exit_code")
+
+
+@app.get("/api/jobs")
+def list_jobs():
+    args = request.args
+    page, per_page = int(args.get("page", 1)), min(int(args.get("per_page", 50)), 100)
+    where, params = [], []
+    for name in ("status", "cluster"):
+        if args.get(name):
+            where.append(f"{name} = %s")
+            params.append(args[name])
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    with connection() as conn:
+        total = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()[0]
+        cur = conn.execute(
+            f"SELECT {SUMMARY} FROM jobs {clause} ORDER BY submitted_at DESC, id DESC LIMIT %s OFFSET %s",
+            [*params, per_page, (page - 1) * per_page],
+        )
+        names = [c.name for c in cur.description]
+        jobs = [dict(zip(names, row)) for row in cur]
+    return reply({"jobs": jobs, "total": total, "page": page, "per_page": per_page})
+
+
+@app.get("/api/jobs/<job_id>")
+def detail(job_id: str):
+    with connection() as conn:
+        cur = conn.execute("SELECT * FROM jobs WHERE cluster = %s AND job_id = %s",
+                           (request.args.get("cluster", ""), job_id))
+        row = cur.fetchone()
+        if row is None:
+            return reply({"detail": "not found"}, 404)
+        job = dict(zip([c.name for c in cur.description], row))
+        events = conn.execute(
+            "SELECT id, status, stage, message, created_at FROM job_events WHERE job_pk = %s ORDER BY id",
+            (job["id"],),
+        ).fetchall()
+    job["events"] = [dict(zip(("id", "status", "stage", "message", "created_at"), e)) for e in events]
+    return reply(job)
+
+
+@app.get("/api/events")
+def feed():
+    after, limit = int(request.args.get("after", 0)), min(int(request.args.get("limit", 100)), 1000)
+    with connection() as conn:
+        rows = conn.execute(
+            "SELECT e.id, j.job_id, j.cluster, e.status, e.stage, e.message, e.created_at FROM job_events e"
+            " JOIN jobs j ON j.id = e.job_pk WHERE e.id > %s ORDER BY e.id LIMIT %s",
+            (after, limit),
+        ).fetchall()
+    names = ("id", "job_id", "cluster", "status", "stage", "message", "created_at")
+    events = [dict(zip(names, row)) for row in rows]
+    return reply({"events": events, "next_cursor": events[-1]["id"] if events else (after or None)})

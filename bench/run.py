@@ -1,0 +1,303 @@
+"""Run the benchmark suite and print a markdown table.
+
+    python -m bench.run                 # full run: PostgreSQL (collector vs baseline) and SQLite
+    python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
+
+Servers start fresh on loopback ephemeral ports and stop by PID; databases created for
+the run are dropped after it. Load comes from wrk (Debian package `wrk`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import create_engine
+from sqlalchemy import make_url
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
+
+from bench import seed
+from collector.migrations import upgrade
+from collector.settings import database_url
+from tests.processes import ServerProcess
+from tests.processes import child_env
+from tests.processes import collector_command
+
+ROOT = Path(__file__).resolve().parents[1]
+LUA = ROOT / "bench" / "lua" / "bench.lua"
+TOKEN = "bench-" + uuid.uuid4().hex
+GUNICORN = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "deploy" / "gunicorn.conf.py")]
+
+
+@dataclasses.dataclass
+class Result:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    non2xx: int
+    socket_errors: int
+
+
+def wrk(url: str, mode: str, *, token: str, close: bool, duration: float, connections: int,
+        paths: Path | None = None) -> Result:
+    """One bounded wrk run; returns its summary."""
+    args = ["wrk", "-t2", f"-c{connections}", f"-d{int(duration)}s", "--timeout", "10s", "-s", str(LUA), url, "--",
+            mode, token, "close" if close else "keep", str(paths or "-"), uuid.uuid4().hex[:8]]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60, check=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("BENCH_JSON "))
+    data = json.loads(line.removeprefix("BENCH_JSON "))
+    return Result(
+        requests_per_s=data["requests"] / (data["duration_us"] / 1e6),
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        non2xx=data["non2xx"],
+        socket_errors=data["socket_errors"],
+    )
+
+
+def median_result(results: list[Result]) -> Result:
+    return Result(
+        requests_per_s=statistics.median(r.requests_per_s for r in results),
+        p50_ms=statistics.median(r.p50_ms for r in results),
+        p99_ms=statistics.median(r.p99_ms for r in results),
+        non2xx=sum(r.non2xx for r in results),
+        socket_errors=sum(r.socket_errors for r in results),
+    )
+
+
+class Databases:
+    """PostgreSQL databases created for this run, dropped at the end."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server = make_url(database_url(server_url))
+        self.created: list[str] = []
+
+    def create(self) -> str:
+        name = f"collector_bench_{uuid.uuid4().hex[:10]}"
+        self._admin(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        url = self.server.set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        return url
+
+    def drop_all(self) -> None:
+        for name in self.created:
+            self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _admin(self, sql: str) -> None:
+        engine = create_engine(self.server, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with engine.connect() as conn:
+            conn.execute(text(sql))
+        engine.dispose()
+
+
+def truncate(url: str, attempts: int = 10) -> None:
+    """Empty the tables; requests still finishing after wrk exits can hold locks, so retry."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        for attempt in range(attempts):
+            try:
+                with engine.begin() as conn:
+                    if url.startswith("postgresql"):
+                        conn.execute(text("TRUNCATE job_events, jobs RESTART IDENTITY CASCADE"))
+                    else:
+                        conn.execute(text("DELETE FROM job_events"))
+                        conn.execute(text("DELETE FROM jobs"))
+                return
+            except OperationalError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+    finally:
+        engine.dispose()
+
+
+def read_paths(directory: Path, n: int, last_event: int) -> dict[str, Path]:
+    """Files of request paths for the read scenarios over n seeded jobs."""
+    rng = random.Random(n)
+    lists = [f"/api/jobs?page={p}&per_page=50" for p in (1, 2, 3)]
+    lists += [f"/api/jobs?status={s}&per_page=50" for s in ("completed", "failed", "benchmark")]
+    lists += [f"/api/jobs?cluster={c}&page={p}" for c in seed.CLUSTERS for p in (1, 2)]
+    lists += [f"/api/jobs?cluster={c}&status=completed" for c in seed.CLUSTERS]
+    details = []
+    for _ in range(1000):
+        i = rng.randrange(n)
+        details.append(f"/api/jobs/{1_000_000 + i}?cluster={seed.CLUSTERS[i % len(seed.CLUSTERS)]}")
+    feeds = [f"/api/events?after={rng.randrange(max(last_event - 100, 1))}&limit=100" for _ in range(1000)]
+    files = {}
+    for name, lines in (("read_list", lists), ("read_detail", details), ("read_feed", feeds)):
+        files[name] = directory / f"{name}-{n}.txt"
+        files[name].write_text("\n".join(lines) + "\n")
+    return files
+
+
+WRITE_SCENARIOS = [
+    # name, wrk mode, fresh connection per request
+    ("put_lifecycle", "put", True),
+    ("put_lifecycle_keepalive", "put", False),
+    ("post_create", "post", True),
+]
+
+
+def run_postgres(args, rows: list[dict], work: Path) -> None:
+    dbs = Databases(args.pg_url)
+    try:
+        collector_db, baseline_db = dbs.create(), dbs.create()
+        collector = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+            COLLECTOR_DATABASE_URL=collector_db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+            COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+        baseline_dsn = make_url(baseline_db).set(drivername="postgresql").render_as_string(hide_password=False)
+        baseline = ServerProcess(GUNICORN + ["bench.baseline_app:app"], child_env(
+            BASELINE_DSN=baseline_dsn, COLLECTOR_PORT="0"),
+            health_path="/hello")
+        targets = [("collector", collector.url, TOKEN, collector_db), ("baseline", baseline.url, "-", baseline_db)]
+        try:
+            hello = [wrk(baseline.url + "/hello", "paths", token="-", close=True, duration=args.duration,
+                         connections=16, paths=_single(work, "/hello")) for _ in range(args.rounds)]
+            rows.append(row("postgres", "hello (HTTP ceiling, fresh connections)", "-", None, median_result(hello)))
+            for name, mode, close in WRITE_SCENARIOS:
+                compare(args, rows, name, "-", targets,
+                        lambda url, token: wrk(url, mode, token=token, close=close, duration=args.duration,
+                                               connections=16),
+                        before=lambda: [truncate(t[3]) for t in targets])
+            for n in args.sizes:
+                last = 0
+                for _, _, _, url in targets:
+                    last = seed.seed_postgres(url, n)
+                paths = read_paths(work, n, last)
+                for name in ("read_list", "read_detail", "read_feed"):
+                    compare(args, rows, name, n, targets,
+                            lambda url, token, p=paths[name]: wrk(url, "paths", token=token, close=False,
+                                                                   duration=args.duration, connections=16, paths=p))
+        finally:
+            collector.stop()
+            baseline.stop()
+    finally:
+        dbs.drop_all()
+
+
+def run_sqlite(args, rows: list[dict], work: Path) -> None:
+    url = "sqlite:///" + str(work / "bench.db")
+    server = ServerProcess(collector_command("serve", "--port", "0", "--db", url), child_env(
+        SRTCTL_STATUS_TOKEN=TOKEN))
+    try:
+        for name, mode, close in WRITE_SCENARIOS:
+            truncate(url)
+            results = [wrk(server.url, mode, token=TOKEN, close=close, duration=args.duration, connections=16)
+                       for _ in range(args.rounds)]
+            rows.append(row("sqlite", name, "-", median_result(results), None))
+        for n in args.sizes:
+            last = seed.seed_sqlite(url, n)
+            paths = read_paths(work, n, last)
+            for name in ("read_list", "read_detail", "read_feed"):
+                results = [wrk(server.url, "paths", token=TOKEN, close=False, duration=args.duration,
+                               connections=16, paths=paths[name]) for _ in range(args.rounds)]
+                rows.append(row("sqlite", name, n, median_result(results), None))
+    finally:
+        server.stop()
+
+
+def _single(work: Path, path: str) -> Path:
+    file = work / "single.txt"
+    file.write_text(path + "\n")
+    return file
+
+
+def compare(args, rows, name, n, targets, measure, before=None) -> None:
+    """Alternate collector and baseline rounds so machine drift cancels; record medians."""
+    results: dict[str, list[Result]] = {"collector": [], "baseline": []}
+    for _ in range(args.rounds):
+        for label, url, token, _db in targets:
+            if before:
+                before()
+            results[label].append(measure(url, token))
+    rows.append(row("postgres", name, n, median_result(results["collector"]), median_result(results["baseline"])))
+
+
+def row(backend: str, scenario: str, n, collector: Result | None, baseline: Result | None) -> dict:
+    return {"backend": backend, "scenario": scenario, "jobs": n,
+            "collector": dataclasses.asdict(collector) if collector else None,
+            "baseline": dataclasses.asdict(baseline) if baseline else None}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c, b = r["collector"], r["baseline"]
+        ratio = f"{c['requests_per_s'] / b['requests_per_s']:.2f}" if c and b else "-"
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["backend"], r["scenario"], r["jobs"],
+            f"{c['requests_per_s']:.0f}" if c else "-", f"{c['p50_ms']:.1f}" if c else "-",
+            f"{c['p99_ms']:.1f}" if c else "-", (c["non2xx"] + c["socket_errors"]) if c else "-",
+            f"{b['requests_per_s']:.0f}" if b else "-", f"{b['p99_ms']:.1f}" if b else "-", ratio))
+    growth = growth_lines(rows)
+    return "\n".join(lines + ([""] + growth if growth else []))
+
+
+def growth_lines(rows: list[dict]) -> list[str]:
+    """p99 at the largest N over p99 at the smallest, per read scenario (the target is <= 1.5)."""
+    out = []
+    for backend in ("postgres", "sqlite"):
+        for name in ("read_list", "read_detail", "read_feed"):
+            sized = sorted((r for r in rows if r["backend"] == backend and r["scenario"] == name),
+                           key=lambda r: r["jobs"])
+            if len(sized) >= 2 and sized[0]["collector"] and sized[-1]["collector"]:
+                small, large = sized[0], sized[-1]
+                ratio = large["collector"]["p99_ms"] / max(small["collector"]["p99_ms"], 1e-9)
+                out.append(f"- {backend} {name}: p99 at {large['jobs']:,} jobs / p99 at {small['jobs']:,} = {ratio:.2f}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke profile: 1 round of 2 s, N = 200")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
+    parser.add_argument("--sizes", default="1000,100000", help="job counts for the read scenarios")
+    parser.add_argument("--backends", default="postgres,sqlite")
+    parser.add_argument("--pg-url", default=os.environ.get("COLLECTOR_BENCH_DATABASE_URL", "postgresql:///postgres"),
+                        help="server on which to create (and drop) the run's databases")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.duration, args.sizes = 1, 2, "200"
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    if shutil.which("wrk") is None:
+        parser.error("wrk is not installed: apt-get install wrk")
+    rows: list[dict] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="collector-bench-") as tmp:
+        work = Path(tmp)
+        if "postgres" in args.backends:
+            run_postgres(args, rows, work)
+        if "sqlite" in args.backends:
+            run_sqlite(args, rows, work)
+    print(table(rows))
+    print(f"\n{os.cpu_count()} CPUs, {time.monotonic() - started:.0f} s, rounds={args.rounds}, "
+          f"duration={args.duration}s, 16 connections")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    failures = [r for r in rows for side in ("collector", "baseline") if r[side]
+                and (r[side]["non2xx"] or r[side]["socket_errors"])]
+    if args.quick and failures:
+        print(f"\n{len(failures)} scenario(s) had non-2xx answers or socket errors", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
