@@ -25,7 +25,9 @@ local STEPS = {
   {"benchmark", "cleanup", "Artifacts uploaded"},
   {"completed", "cleanup", "Benchmark completed successfully"},
 }
-local JOBS_PER_THREAD = 2000
+-- Job-major order: consecutive requests go to different jobs, and a job's next report
+-- comes a whole round later, as with hundreds of jobs reporting side by side.
+local JOBS_PER_THREAD = 500
 local CLUSTERS = 4
 
 function init(args)
@@ -50,8 +52,8 @@ function init(args)
 end
 
 local function put_request()
-  local step = counter % #STEPS
-  local n = math.floor(counter / #STEPS) % JOBS_PER_THREAD
+  local n = counter % JOBS_PER_THREAD
+  local step = math.floor(counter / JOBS_PER_THREAD) % #STEPS
   local job_id = run .. "-" .. tid .. "-" .. n
   local cluster = "c" .. (n % CLUSTERS)
   local s = STEPS[step + 1]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import func
+from sqlalchemy import insert
 from sqlalchemy import select
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from collector.contract import JobEventRecord
 from collector.models import Job
 from collector.models import JobEvent
 from collector.store.identity import FEED_LOCK
+from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 
@@ -38,42 +40,47 @@ def _record(row) -> JobEventRecord:
     )
 
 
-def _serialise_appends(session: Session) -> None:
-    # Sequence values are handed out at INSERT but become visible at COMMIT, so two
-    # writers can commit ids out of order and a poller past the larger id would skip
-    # the smaller one forever. Holding one lock from INSERT to COMMIT makes commit
-    # order equal id order. It must be the last lock a transaction takes (callers
-    # append the event last and commit at once), which also rules out deadlocks.
-    # SQLite needs nothing: BEGIN IMMEDIATE already admits one writer at a time.
-    if is_postgres(session):
-        session.execute(select(func.pg_advisory_xact_lock(FEED_LOCK, 0)))
+# Sequence values are handed out at INSERT but become visible at COMMIT, so two writers
+# can commit ids out of order and a poller past the larger id would skip the smaller one
+# forever. Taking one advisory lock before the id is drawn and holding it to COMMIT makes
+# commit order equal id order. It must be the last lock a transaction takes (callers
+# append last and commit at once), which also rules out deadlocks. The MATERIALIZED CTE
+# makes PostgreSQL take the lock before it evaluates the id default.
+EVENTS = JobEvent.__table__
+_APPEND_SERIALISED = text(
+    "WITH feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(:namespace, 0)) "
+    "INSERT INTO job_events (job_pk, status, stage, message, created_at) "
+    "SELECT :job_pk, :status, :stage, :message, :created_at FROM feed_lock "
+    "RETURNING id"
+)
 
 
 def append_if_changed(
-    session: Session, job: Job, created_at: dt.datetime
+    session: Session, job: JobRow, before: tuple[str, str | None, str | None] | None, created_at: dt.datetime
 ) -> JobEventRecord | None:
-    """Append an event iff the job's (status, stage, message) differs from its last event."""
-    last = session.execute(
-        select(JobEvent.status, JobEvent.stage, JobEvent.message)
-        .where(JobEvent.job_pk == job.id)
-        .order_by(JobEvent.id.desc())
-        .limit(1)
-    ).first()
-    current = (job.status, job.stage, job.message)
-    if last is not None and tuple(last) == current:
+    """Append an event iff the job's (status, stage, message) changed from ``before``.
+
+    Every change of that triple appends an event carrying it, so a job row's triple is
+    always its last event's: comparing with the row as it was saves reading the event.
+    ``before`` is None for a row that was just created.
+    """
+    current = (job["status"], job["stage"], job["message"])
+    if before == current:
         return None
-    _serialise_appends(session)
-    event = JobEvent(job_pk=job.id, status=job.status, stage=job.stage, message=job.message, created_at=created_at)
-    session.add(event)
-    session.flush()
+    values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at)
+    if is_postgres(session):
+        event_id = session.execute(_APPEND_SERIALISED, {**values, "namespace": FEED_LOCK}).scalar_one()
+    else:
+        # SQLite needs no lock: BEGIN IMMEDIATE already admits one writer at a time.
+        event_id = session.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
     return JobEventRecord(
-        id=event.id,
-        job_id=job.job_id,
-        cluster=wire_cluster(job.cluster),
-        status=event.status,
-        stage=event.stage,
-        message=event.message,
-        created_at=event.created_at,
+        id=event_id,
+        job_id=job["job_id"],
+        cluster=wire_cluster(job["cluster"]),
+        status=current[0],
+        stage=current[1],
+        message=current[2],
+        created_at=created_at,
     )
 
 

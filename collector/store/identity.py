@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from typing import Any
+
 from sqlalchemy import select
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from collector.errors import Conflict
@@ -14,6 +16,12 @@ NO_CLUSTER = ""
 # Advisory-lock namespaces (first key of pg_advisory_xact_lock(int, int)).
 JOB_LOCK = 1
 FEED_LOCK = 2
+
+# A job row as a plain dict keyed by column name. The write path runs on Core rather
+# than ORM instances: it is the hottest path in the service and needs no identity map.
+JobRow = dict[str, Any]
+JOBS = Job.__table__
+_LOCK_JOB_ID = text("SELECT pg_advisory_xact_lock(:namespace, hashtext(:job_id))")
 
 
 def wire_cluster(cluster: str) -> str | None:
@@ -29,35 +37,32 @@ def is_postgres(session: Session) -> bool:
 def lock_job_id(session: Session, job_id: str) -> None:
     """Serialise writers of one job id until commit, so resolve-then-create cannot race."""
     if is_postgres(session):
-        session.execute(select(func.pg_advisory_xact_lock(JOB_LOCK, func.hashtext(job_id))))
+        session.execute(_LOCK_JOB_ID, {"namespace": JOB_LOCK, "job_id": job_id})
 
 
-def _rows(session: Session, job_id: str) -> list[Job]:
-    return list(session.scalars(select(Job).where(Job.job_id == job_id).order_by(Job.id)))
+def _rows(session: Session, job_id: str) -> list[JobRow]:
+    query = select(JOBS).where(JOBS.c.job_id == job_id).order_by(JOBS.c.id)
+    return [dict(row) for row in session.execute(query).mappings()]
 
 
-def _ambiguous(job_id: str, rows: list[Job]) -> Conflict:
-    clusters = sorted(wire_cluster(r.cluster) or "" for r in rows)
+def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
+    clusters = sorted(wire_cluster(r["cluster"]) or "" for r in rows)
     return Conflict(
         f"job {job_id} exists on several clusters ({', '.join(clusters)}); say which with ?cluster=",
         extra={"clusters": clusters},
     )
 
 
-def find_for_write(session: Session, job_id: str, cluster: str | None) -> Job | None:
-    """The row a write lands on, claiming a cluster-less row when the write names a cluster.
+def find_for_write(session: Session, job_id: str, cluster: str | None) -> JobRow | None:
+    """The row a write lands on, as stored (see ``claim`` for a cluster-less one).
 
     Returns None when the write should create a new row for ``(cluster or '', job_id)``.
     """
     rows = _rows(session, job_id)
-    bare = next((r for r in rows if r.cluster == NO_CLUSTER), None)
+    bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
-        exact = next((r for r in rows if r.cluster == cluster), None)
-        if exact is not None:
-            return exact
-        if bare is not None:
-            bare.cluster = cluster
-        return bare
+        exact = next((r for r in rows if r["cluster"] == cluster), None)
+        return exact if exact is not None else bare
     if bare is not None:
         return bare
     if len(rows) > 1:
@@ -65,15 +70,21 @@ def find_for_write(session: Session, job_id: str, cluster: str | None) -> Job | 
     return rows[0] if rows else None
 
 
-def find_for_read(session: Session, job_id: str, cluster: str | None) -> Job:
+def claim(row: JobRow, cluster: str | None) -> None:
+    """A write that names a cluster gives it to the cluster-less row it landed on."""
+    if cluster and row["cluster"] == NO_CLUSTER:
+        row["cluster"] = cluster
+
+
+def find_for_read(session: Session, job_id: str, cluster: str | None) -> JobRow:
     """The row a read or delete means, by the same rule as a write without a cluster."""
     if cluster:
-        job = session.scalar(select(Job).where(Job.cluster == cluster, Job.job_id == job_id))
-        if job is None:
+        row = session.execute(select(JOBS).where(JOBS.c.cluster == cluster, JOBS.c.job_id == job_id)).mappings().first()
+        if row is None:
             raise NotFound(f"job {job_id} not found on cluster {cluster}")
-        return job
+        return dict(row)
     rows = _rows(session, job_id)
-    bare = next((r for r in rows if r.cluster == NO_CLUSTER), None)
+    bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if bare is not None:
         return bare
     if len(rows) > 1:
