@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from flask import Flask
 from flask import current_app
-from flask import g
 from sqlalchemy import Engine
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
@@ -18,6 +20,7 @@ from collector.settings import Settings
 
 # Execution option that makes a SQLite transaction take the write lock up front.
 WRITE_OPTION = "collector_write"
+T = TypeVar("T")
 
 
 def ensure_sqlite_parent(url: str) -> None:
@@ -39,7 +42,10 @@ def make_engine(settings: Settings) -> Engine:
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_max_overflow,
-        pool_pre_ping=True,
+        # No pre-ping (a round trip on every checkout, i.e. every request): a connection
+        # that died with a database restart fails its first statement instead, and
+        # ``Database.run`` replays the whole transaction once on a fresh connection.
+        pool_recycle=3600,
         # Fail a readiness probe in seconds, not after the kernel's TCP timeout.
         connect_args={"connect_timeout": 5},
     )
@@ -70,14 +76,34 @@ class Database:
 
     def __init__(self, settings: Settings) -> None:
         self.engine = make_engine(settings)
+        self.is_sqlite = settings.is_sqlite
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def session(self, *, write: bool = False) -> Session:
         """Open a session; ``write`` makes its transaction a writer from the start."""
         session = self.sessions()
-        if write:
+        if write and self.is_sqlite:
             session.connection(execution_options={WRITE_OPTION: True})
         return session
+
+    def run(self, work: Callable[[Session], T], *, write: bool = False) -> T:
+        """Run ``work`` in one transaction and commit it; replay once if the connection had died.
+
+        Replaying is safe because every write is idempotent (a repeated PUT or POST
+        changes nothing the first one did not) and a dead connection commits nothing.
+        """
+        for attempt in (1, 2):
+            session = self.session(write=write)
+            try:
+                result = work(session)
+                session.commit()
+                return result
+            except DBAPIError as exc:
+                if attempt == 2 or not exc.connection_invalidated:
+                    raise
+            finally:
+                session.close()
+        raise AssertionError("unreachable")
 
     def dispose(self) -> None:
         """Close every pooled connection (after fork, at shutdown)."""
@@ -85,9 +111,8 @@ class Database:
 
 
 def init_app(app: Flask, database: Database) -> None:
-    """Attach ``database`` to ``app`` and close the request session at teardown."""
+    """Attach ``database`` to ``app``."""
     app.extensions["collector.db"] = database
-    app.teardown_appcontext(_close_session)
 
 
 def get_db() -> Database:
@@ -95,18 +120,9 @@ def get_db() -> Database:
     return current_app.extensions["collector.db"]
 
 
-def get_session(*, write: bool = False) -> Session:
-    """The session of the current app context, opened on first use."""
-    session = g.get("db_session")
-    if session is None:
-        session = g.db_session = get_db().session(write=write)
-    return session
-
-
-def _close_session(_exc: BaseException | None) -> None:
-    session = g.pop("db_session", None)
-    if session is not None:
-        session.close()
+def transaction(work: Callable[[Session], T], *, write: bool = False) -> T:
+    """Run ``work(session)`` in one committed transaction of the current app's database."""
+    return get_db().run(work, write=write)
 
 
 def get_db_of(app: Flask) -> Database:

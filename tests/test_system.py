@@ -56,3 +56,24 @@ def test_database_errors_on_api_routes_are_503_not_500(serve):
     response = server.get("/api/jobs")
     assert response.status_code == 503
     assert response.json()["detail"] == "database unavailable; try again"
+
+
+def test_requests_survive_the_database_dropping_every_connection(postgres, serve):
+    server = serve(write_token="w")
+    body = {"status": "workers", "updated_at": "2025-01-26T10:35:00Z"}
+    assert server.put("/api/jobs/dbk", json=body).status_code == 200
+    assert server.get("/api/jobs/dbk").status_code == 200
+    killed = postgres.scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    assert killed >= 1
+    # The pooled connection is dead; the collector replays on a fresh one instead of failing.
+    response = server.put("/api/jobs/dbk", json={**body, "status": "frontend"})
+    assert response.status_code == 200, response.text
+    postgres.scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    read = server.get("/api/jobs/dbk")
+    assert read.status_code == 200 and read.json()["status"] == "frontend"

@@ -8,7 +8,7 @@ from collector.api import parse_query
 from collector.api import respond
 from collector.api.queries import FeedQuery
 from collector.contract import EventFeedResponse
-from collector.db import get_session
+from collector.db import transaction
 from collector.store import events as event_store
 
 bp = Blueprint("events", __name__, url_prefix="/api/events")
@@ -18,7 +18,9 @@ bp = Blueprint("events", __name__, url_prefix="/api/events")
 def feed():
     """Events after a cursor, optionally for one job id and/or one cluster."""
     query = parse_query(FeedQuery)
-    events = event_store.feed(
-        get_session(), after=query.after, limit=query.capped_limit, job_id=query.job_id, cluster=query.cluster
+    events = transaction(
+        lambda session: event_store.feed(
+            session, after=query.after, limit=query.capped_limit, job_id=query.job_id, cluster=query.cluster
+        )
     )
     return respond(EventFeedResponse(events=events, next_cursor=event_store.next_cursor(events, query.after)))

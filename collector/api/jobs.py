@@ -21,7 +21,7 @@ from collector.contract import JobEventListResponse
 from collector.contract import JobListResponse
 from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
-from collector.db import get_session
+from collector.db import transaction
 from collector.errors import Unprocessable
 from collector.errors import validation_detail
 from collector.store import events as event_store
@@ -45,8 +45,7 @@ def _checked_job_id(job_id: str) -> str:
                             extra={"errors": [{**e, "loc": ["path", "job_id"]} for e in errors]}) from None
 
 
-def _committed(result: WriteResult, status: int) -> object:
-    get_session().commit()
+def _written(result: WriteResult, status: int) -> object:
     if result.event is not None:
         event = result.event
         log.info(
@@ -64,7 +63,7 @@ def _committed(result: WriteResult, status: int) -> object:
 def create_job():
     """Record a submitted job; a repeat completes identity and never rewinds status."""
     payload = parse_body(JobCreatePayload)
-    return _committed(job_store.submit(get_session(write=True), payload), 201)
+    return _written(transaction(lambda session: job_store.submit(session, payload), write=True), 201)
 
 
 @bp.put("/<job_id>")
@@ -72,26 +71,29 @@ def update_job(job_id: str):
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     _checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
-    return _committed(job_store.update(get_session(write=True), job_id, payload), 200)
+    return _written(transaction(lambda session: job_store.update(session, job_id, payload), write=True), 200)
 
 
 @bp.get("/<job_id>")
 def get_job(job_id: str):
     """One job with its events."""
     query = parse_query(ClusterQuery)
-    return respond(job_store.detail(get_session(), _checked_job_id(job_id), query.cluster))
+    job_id = _checked_job_id(job_id)
+    return respond(transaction(lambda session: job_store.detail(session, job_id, query.cluster)))
 
 
 @bp.get("")
 def list_jobs():
     """Jobs newest first, one page at a time."""
     query = parse_query(JobListQuery)
-    jobs, total = job_store.page(
-        get_session(),
-        page=query.page,
-        per_page=query.limit,
-        status=query.status.value if query.status else None,
-        cluster=query.cluster,
+    jobs, total = transaction(
+        lambda session: job_store.page(
+            session,
+            page=query.page,
+            per_page=query.limit,
+            status=query.status.value if query.status else None,
+            cluster=query.cluster,
+        )
     )
     return respond(JobListResponse(jobs=jobs, total=total, page=query.page, per_page=query.limit))
 
@@ -100,9 +102,13 @@ def list_jobs():
 def job_events(job_id: str):
     """One job's events after a cursor."""
     query = parse_query(EventQuery)
-    session = get_session()
-    job_pk, cluster = job_store.resolve(session, _checked_job_id(job_id), query.cluster)
-    events = event_store.job_events(session, job_pk, after=query.after, limit=query.capped_limit)
+    job_id = _checked_job_id(job_id)
+
+    def read(session):
+        job_pk, cluster = job_store.resolve(session, job_id, query.cluster)
+        return cluster, event_store.job_events(session, job_pk, after=query.after, limit=query.capped_limit)
+
+    cluster, events = transaction(read)
     return respond(
         JobEventListResponse(
             job_id=job_id, cluster=cluster, events=events, next_cursor=event_store.next_cursor(events, query.after)
@@ -114,8 +120,7 @@ def job_events(job_id: str):
 def delete_job(job_id: str):
     """Remove a job and everything stored under it."""
     query = parse_query(ClusterQuery)
-    session = get_session(write=True)
-    cluster = job_store.remove(session, _checked_job_id(job_id), query.cluster)
-    session.commit()
+    job_id = _checked_job_id(job_id)
+    cluster = transaction(lambda session: job_store.remove(session, job_id, query.cluster), write=True)
     log.info("job %s%s deleted", f"{cluster}/" if cluster else "", job_id)
     return respond(DeleteResponse(deleted=True, job_id=job_id, cluster=cluster))

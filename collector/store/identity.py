@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -22,6 +23,9 @@ FEED_LOCK = 2
 JobRow = dict[str, Any]
 JOBS = Job.__table__
 _LOCK_JOB_ID = text("SELECT pg_advisory_xact_lock(:namespace, hashtext(:job_id))")
+# Built once: a statement object reused across requests skips construction and cache-key work.
+_ROWS_OF_JOB_ID = select(JOBS).where(JOBS.c.job_id == bindparam("job_id")).order_by(JOBS.c.id)
+_ROW_ON_CLUSTER = select(JOBS).where(JOBS.c.cluster == bindparam("cluster"), JOBS.c.job_id == bindparam("job_id"))
 
 
 def wire_cluster(cluster: str) -> str | None:
@@ -41,8 +45,7 @@ def lock_job_id(session: Session, job_id: str) -> None:
 
 
 def _rows(session: Session, job_id: str) -> list[JobRow]:
-    query = select(JOBS).where(JOBS.c.job_id == job_id).order_by(JOBS.c.id)
-    return [dict(row) for row in session.execute(query).mappings()]
+    return [dict(row) for row in session.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
 
 
 def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
@@ -79,7 +82,7 @@ def claim(row: JobRow, cluster: str | None) -> None:
 def find_for_read(session: Session, job_id: str, cluster: str | None) -> JobRow:
     """The row a read or delete means, by the same rule as a write without a cluster."""
     if cluster:
-        row = session.execute(select(JOBS).where(JOBS.c.cluster == cluster, JOBS.c.job_id == job_id)).mappings().first()
+        row = session.execute(_ROW_ON_CLUSTER, {"cluster": cluster, "job_id": job_id}).mappings().first()
         if row is None:
             raise NotFound(f"job {job_id} not found on cluster {cluster}")
         return dict(row)
