@@ -144,12 +144,20 @@ def read_paths(directory: Path, n: int, last_event: int) -> dict[str, Path]:
     return files
 
 
+READ_SCENARIOS = ["read_list", "read_detail", "read_feed"]
 WRITE_SCENARIOS = [
     # name, wrk mode, fresh connection per request
     ("put_lifecycle", "put", True),
     ("put_lifecycle_keepalive", "put", False),
     ("post_create", "post", True),
 ]
+
+
+def selected(args, scenarios: list) -> list:
+    """The scenarios ``--only`` keeps (all by default)."""
+    def name(s):
+        return s[0] if isinstance(s, tuple) else s
+    return [s for s in scenarios if not args.only or name(s) in args.only]
 
 
 def run_postgres(args, rows: list[dict], work: Path) -> None:
@@ -168,17 +176,17 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
             hello = [wrk(baseline.url + "/hello", "paths", token="-", close=True, duration=args.duration,
                          connections=16, paths=_single(work, "/hello")) for _ in range(args.rounds)]
             rows.append(row("postgres", "hello (HTTP ceiling, fresh connections)", "-", None, median_result(hello)))
-            for name, mode, close in WRITE_SCENARIOS:
+            for name, mode, close in selected(args, WRITE_SCENARIOS):
                 compare(args, rows, name, "-", targets,
                         lambda url, token: wrk(url, mode, token=token, close=close, duration=args.duration,
                                                connections=16),
                         before=lambda: [truncate(t[3]) for t in targets])
-            for n in args.sizes:
+            for n in args.sizes if selected(args, READ_SCENARIOS) else []:
                 last = 0
                 for _, _, _, url in targets:
                     last = seed.seed_postgres(url, n)
                 paths = read_paths(work, n, last)
-                for name in ("read_list", "read_detail", "read_feed"):
+                for name in selected(args, READ_SCENARIOS):
                     compare(args, rows, name, n, targets,
                             lambda url, token, p=paths[name]: wrk(url, "paths", token=token, close=False,
                                                                    duration=args.duration, connections=16, paths=p))
@@ -194,15 +202,15 @@ def run_sqlite(args, rows: list[dict], work: Path) -> None:
     server = ServerProcess(collector_command("serve", "--port", "0", "--db", url), child_env(
         SRTCTL_STATUS_TOKEN=TOKEN))
     try:
-        for name, mode, close in WRITE_SCENARIOS:
+        for name, mode, close in selected(args, WRITE_SCENARIOS):
             truncate(url)
             results = [wrk(server.url, mode, token=TOKEN, close=close, duration=args.duration, connections=16)
                        for _ in range(args.rounds)]
             rows.append(row("sqlite", name, "-", median_result(results), None))
-        for n in args.sizes:
+        for n in args.sizes if selected(args, READ_SCENARIOS) else []:
             last = seed.seed_sqlite(url, n)
             paths = read_paths(work, n, last)
-            for name in ("read_list", "read_detail", "read_feed"):
+            for name in selected(args, READ_SCENARIOS):
                 results = [wrk(server.url, "paths", token=TOKEN, close=False, duration=args.duration,
                                connections=16, paths=paths[name]) for _ in range(args.rounds)]
                 rows.append(row("sqlite", name, n, median_result(results), None))
@@ -271,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="postgres,sqlite")
     parser.add_argument("--pg-url", default=os.environ.get("COLLECTOR_BENCH_DATABASE_URL", "postgresql:///postgres"),
                         help="server on which to create (and drop) the run's databases")
+    parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
+                        help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
