@@ -1,7 +1,10 @@
 """The practical upper bound of this stack: Flask + raw psycopg, no validation, ORM or auth.
 
 Served by gunicorn with the collector's own deploy/gunicorn.conf.py, against the same
-schema, doing the same writes and reads per request as the collector does.
+schema, doing the same database work per request as the collector: the same rows
+written and read, and the same two advisory locks (one per job id so racing first
+writes make one row, one around event inserts so the feed never skips), because those
+are what the product's guarantees cost in the database, not overhead of our code.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ def reply(body: dict, status: int = 200) -> Response:
     return Response(json.dumps(body, default=str), status=status, mimetype="application/json")
 
 
+LOCK_JOB = "SELECT pg_advisory_xact_lock(1, hashtext(%s))"
+INSERT_EVENT = (
+    "WITH feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(2, 0))"
+    " INSERT INTO job_events (job_pk, status, stage, message, created_at)"
+    " SELECT %s, %s, %s, %s, %s FROM feed_lock"
+)
+
+
 @app.get("/hello")
 def hello():
     return "hello"
@@ -50,6 +61,7 @@ def hello():
 def create():
     body = request.get_json(force=True)
     with connection() as conn:
+        conn.execute(LOCK_JOB, (body["job_id"],))
         row = conn.execute(
             "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, recipe, submitted_at, updated_at,"
             " metadata) VALUES (%s, %s, %s, false, 'submitted', %s, %s, %s, %s)"
@@ -59,8 +71,7 @@ def create():
              body["submitted_at"], json.dumps(body.get("metadata"))),
         ).fetchone()
         if row[1]:
-            conn.execute("INSERT INTO job_events (job_pk, status, created_at) VALUES (%s, 'submitted', %s)",
-                         (row[0], body["submitted_at"]))
+            conn.execute(INSERT_EVENT, (row[0], "submitted", None, None, body["submitted_at"]))
     return reply({"job_id": body["job_id"], "status": "submitted"}, 201)
 
 
@@ -69,6 +80,7 @@ def update(job_id: str):
     body = request.get_json(force=True)
     metadata = body.get("metadata") or {}
     with connection() as conn:
+        conn.execute(LOCK_JOB, (job_id,))
         (pk,) = conn.execute(
             "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, stage, message, submitted_at,"
             " updated_at, metadata) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s)"
@@ -83,10 +95,7 @@ def update(job_id: str):
             "SELECT status, stage, message FROM job_events WHERE job_pk = %s ORDER BY id DESC LIMIT 1", (pk,)
         ).fetchone()
         if last != (body["status"], body.get("stage"), body.get("message")):
-            conn.execute(
-                "INSERT INTO job_events (job_pk, status, stage, message, created_at) VALUES (%s, %s, %s, %s, %s)",
-                (pk, body["status"], body.get("stage"), body.get("message"), body["updated_at"]),
-            )
+            conn.execute(INSERT_EVENT, (pk, body["status"], body.get("stage"), body.get("message"), body["updated_at"]))
     return reply({"job_id": job_id, "status": body["status"]})
 
 
