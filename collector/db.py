@@ -1,4 +1,4 @@
-"""Engine and sessions: one engine per app, one session per app context."""
+"""Engine and transactions: one engine per app, one short transaction per unit of work."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from typing import TypeVar
 
 from flask import Flask
 from flask import current_app
+from sqlalchemy import Connection
 from sqlalchemy import Engine
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import sessionmaker
 
 from collector.settings import Settings
 
@@ -77,32 +76,25 @@ class Database:
     def __init__(self, settings: Settings) -> None:
         self.engine = make_engine(settings)
         self.is_sqlite = settings.is_sqlite
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def session(self, *, write: bool = False) -> Session:
-        """Open a session; ``write`` makes its transaction a writer from the start."""
-        session = self.sessions()
-        if write and self.is_sqlite:
-            session.connection(execution_options={WRITE_OPTION: True})
-        return session
-
-    def run(self, work: Callable[[Session], T], *, write: bool = False) -> T:
+    def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``work`` in one transaction and commit it; replay once if the connection had died.
 
         Replaying is safe because every write is idempotent (a repeated PUT or POST
         changes nothing the first one did not) and a dead connection commits nothing.
+        Core connections, not ORM sessions: store functions work on rows, and a session
+        per request was a measurable share of the write path (see docs/performance.md).
         """
         for attempt in (1, 2):
-            session = self.session(write=write)
             try:
-                result = work(session)
-                session.commit()
-                return result
+                with self.engine.connect() as conn:
+                    if write and self.is_sqlite:
+                        conn = conn.execution_options(**{WRITE_OPTION: True})
+                    with conn.begin():
+                        return work(conn)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
                     raise
-            finally:
-                session.close()
         raise AssertionError("unreachable")
 
     def dispose(self) -> None:
@@ -120,8 +112,8 @@ def get_db() -> Database:
     return current_app.extensions["collector.db"]
 
 
-def transaction(work: Callable[[Session], T], *, write: bool = False) -> T:
-    """Run ``work(session)`` in one committed transaction of the current app's database."""
+def transaction(work: Callable[[Connection], T], *, write: bool = False) -> T:
+    """Run ``work(conn)`` in one committed transaction of the current app's database."""
     return get_db().run(work, write=write)
 
 

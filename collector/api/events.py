@@ -19,8 +19,8 @@ def feed():
     """Events after a cursor, optionally for one job id and/or one cluster."""
     query = parse_query(FeedQuery)
     events = transaction(
-        lambda session: event_store.feed(
-            session, after=query.after, limit=query.capped_limit, job_id=query.job_id, cluster=query.cluster
+        lambda conn: event_store.feed(
+            conn, after=query.after, limit=query.capped_limit, job_id=query.job_id, cluster=query.cluster
         )
     )
     return respond(EventFeedResponse(events=events, next_cursor=event_store.next_cursor(events, query.after)))

@@ -63,7 +63,7 @@ def _written(result: WriteResult, status: int) -> object:
 def create_job():
     """Record a submitted job; a repeat completes identity and never rewinds status."""
     payload = parse_body(JobCreatePayload)
-    return _written(transaction(lambda session: job_store.submit(session, payload), write=True), 201)
+    return _written(transaction(lambda conn: job_store.submit(conn, payload), write=True), 201)
 
 
 @bp.put("/<job_id>")
@@ -71,7 +71,7 @@ def update_job(job_id: str):
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     _checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
-    return _written(transaction(lambda session: job_store.update(session, job_id, payload), write=True), 200)
+    return _written(transaction(lambda conn: job_store.update(conn, job_id, payload), write=True), 200)
 
 
 @bp.get("/<job_id>")
@@ -79,7 +79,7 @@ def get_job(job_id: str):
     """One job with its events."""
     query = parse_query(ClusterQuery)
     job_id = _checked_job_id(job_id)
-    return respond(transaction(lambda session: job_store.detail(session, job_id, query.cluster)))
+    return respond(transaction(lambda conn: job_store.detail(conn, job_id, query.cluster)))
 
 
 @bp.get("")
@@ -87,8 +87,8 @@ def list_jobs():
     """Jobs newest first, one page at a time."""
     query = parse_query(JobListQuery)
     jobs, total = transaction(
-        lambda session: job_store.page(
-            session,
+        lambda conn: job_store.page(
+            conn,
             page=query.page,
             per_page=query.limit,
             status=query.status.value if query.status else None,
@@ -104,9 +104,9 @@ def job_events(job_id: str):
     query = parse_query(EventQuery)
     job_id = _checked_job_id(job_id)
 
-    def read(session):
-        job_pk, cluster = job_store.resolve(session, job_id, query.cluster)
-        return cluster, event_store.job_events(session, job_pk, after=query.after, limit=query.capped_limit)
+    def read(conn):
+        job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
+        return cluster, event_store.job_events(conn, job_pk, after=query.after, limit=query.capped_limit)
 
     cluster, events = transaction(read)
     return respond(
@@ -121,6 +121,6 @@ def delete_job(job_id: str):
     """Remove a job and everything stored under it."""
     query = parse_query(ClusterQuery)
     job_id = _checked_job_id(job_id)
-    cluster = transaction(lambda session: job_store.remove(session, job_id, query.cluster), write=True)
+    cluster = transaction(lambda conn: job_store.remove(conn, job_id, query.cluster), write=True)
     log.info("job %s%s deleted", f"{cluster}/" if cluster else "", job_id)
     return respond(DeleteResponse(deleted=True, job_id=job_id, cluster=cluster))

@@ -1,1 +1,1 @@
-"""Store functions: all SQL lives here, split by entity; callers pass the session first."""
+"""Store functions: all SQL lives here, split by entity; callers pass the connection (one transaction) first."""

@@ -7,7 +7,7 @@ import datetime as dt
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import text
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
 from collector.contract import JobEventRecord
 from collector.models import Job
@@ -56,7 +56,7 @@ _APPEND_SERIALISED = text(
 
 
 def append_if_changed(
-    session: Session, job: JobRow, before: tuple[str, str | None, str | None] | None, created_at: dt.datetime
+    conn: Connection, job: JobRow, before: tuple[str, str | None, str | None] | None, created_at: dt.datetime
 ) -> JobEventRecord | None:
     """Append an event iff the job's (status, stage, message) changed from ``before``.
 
@@ -68,11 +68,11 @@ def append_if_changed(
     if before == current:
         return None
     values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at)
-    if is_postgres(session):
-        event_id = session.execute(_APPEND_SERIALISED, {**values, "namespace": FEED_LOCK}).scalar_one()
+    if is_postgres(conn):
+        event_id = conn.execute(_APPEND_SERIALISED, {**values, "namespace": FEED_LOCK}).scalar_one()
     else:
         # SQLite needs no lock: BEGIN IMMEDIATE already admits one writer at a time.
-        event_id = session.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
+        event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
     return JobEventRecord(
         id=event_id,
         job_id=job["job_id"],
@@ -84,7 +84,7 @@ def append_if_changed(
     )
 
 
-def job_events(session: Session, job_pk: int, *, after: int = 0, limit: int | None = None) -> list[JobEventRecord]:
+def job_events(conn: Connection, job_pk: int, *, after: int = 0, limit: int | None = None) -> list[JobEventRecord]:
     """One job's events with ``id > after``, oldest first."""
     query = (
         select(*_RECORD_COLUMNS)
@@ -94,11 +94,11 @@ def job_events(session: Session, job_pk: int, *, after: int = 0, limit: int | No
     )
     if limit is not None:
         query = query.limit(limit)
-    return [_record(row) for row in session.execute(query)]
+    return [_record(row) for row in conn.execute(query)]
 
 
 def feed(
-    session: Session,
+    conn: Connection,
     *,
     after: int,
     limit: int,
@@ -111,7 +111,7 @@ def feed(
         query = query.where(Job.job_id == job_id)
     if cluster is not None:
         query = query.where(Job.cluster == cluster)
-    return [_record(row) for row in session.execute(query.order_by(JobEvent.id).limit(limit))]
+    return [_record(row) for row in conn.execute(query.order_by(JobEvent.id).limit(limit))]
 
 
 def next_cursor(events: list[JobEventRecord], after: int) -> int | None:

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import text
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
 from collector.errors import Conflict
 from collector.errors import NotFound
@@ -33,19 +33,19 @@ def wire_cluster(cluster: str) -> str | None:
     return cluster or None
 
 
-def is_postgres(session: Session) -> bool:
-    """Whether the session talks to PostgreSQL (SQLite serialises writers by itself)."""
-    return session.get_bind().dialect.name == "postgresql"
+def is_postgres(conn: Connection) -> bool:
+    """Whether the conn talks to PostgreSQL (SQLite serialises writers by itself)."""
+    return conn.dialect.name == "postgresql"
 
 
-def lock_job_id(session: Session, job_id: str) -> None:
+def lock_job_id(conn: Connection, job_id: str) -> None:
     """Serialise writers of one job id until commit, so resolve-then-create cannot race."""
-    if is_postgres(session):
-        session.execute(_LOCK_JOB_ID, {"namespace": JOB_LOCK, "job_id": job_id})
+    if is_postgres(conn):
+        conn.execute(_LOCK_JOB_ID, {"namespace": JOB_LOCK, "job_id": job_id})
 
 
-def _rows(session: Session, job_id: str) -> list[JobRow]:
-    return [dict(row) for row in session.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
+def _rows(conn: Connection, job_id: str) -> list[JobRow]:
+    return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
 
 
 def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
@@ -56,12 +56,12 @@ def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
     )
 
 
-def find_for_write(session: Session, job_id: str, cluster: str | None) -> JobRow | None:
+def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow | None:
     """The row a write lands on, as stored (see ``claim`` for a cluster-less one).
 
     Returns None when the write should create a new row for ``(cluster or '', job_id)``.
     """
-    rows = _rows(session, job_id)
+    rows = _rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)
@@ -79,14 +79,14 @@ def claim(row: JobRow, cluster: str | None) -> None:
         row["cluster"] = cluster
 
 
-def find_for_read(session: Session, job_id: str, cluster: str | None) -> JobRow:
+def find_for_read(conn: Connection, job_id: str, cluster: str | None) -> JobRow:
     """The row a read or delete means, by the same rule as a write without a cluster."""
     if cluster:
-        row = session.execute(_ROW_ON_CLUSTER, {"cluster": cluster, "job_id": job_id}).mappings().first()
+        row = conn.execute(_ROW_ON_CLUSTER, {"cluster": cluster, "job_id": job_id}).mappings().first()
         if row is None:
             raise NotFound(f"job {job_id} not found on cluster {cluster}")
         return dict(row)
-    rows = _rows(session, job_id)
+    rows = _rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if bare is not None:
         return bare

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update as sql_update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobDetail
@@ -70,25 +71,30 @@ def _triple(row: JobRow) -> tuple[str, str | None, str | None]:
     return row["status"], row["stage"], row["message"]
 
 
-def _save(session: Session, row: JobRow, original: JobRow | None) -> None:
+# Prebuilt and given their values as parameters, so SQLAlchemy compiles each shape once.
+_INSERT_JOB = insert(JOBS).returning(JOBS.c.id)
+_UPDATE_JOB = sql_update(JOBS).where(JOBS.c.id == bindparam("pk"))
+
+
+def _save(conn: Connection, row: JobRow, original: JobRow | None) -> None:
     """INSERT a new row (setting its id) or UPDATE only the columns that changed."""
     if original is None:
-        row["id"] = session.execute(insert(JOBS).values(row).returning(JOBS.c.id)).scalar_one()
+        row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
         return
     changes = {key: value for key, value in row.items() if value != original[key]}
     if changes:
-        session.execute(sql_update(JOBS).where(JOBS.c.id == row["id"]).values(changes))
+        conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
 
 
 def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
     return WriteResult(job_id=row["job_id"], cluster=wire_cluster(row["cluster"]), status=row["status"], event=event)
 
 
-def submit(session: Session, payload: JobCreatePayload) -> WriteResult:
+def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     """Create a job in ``submitted``, or complete the identity of an existing one (POST)."""
-    lock_job_id(session, payload.job_id)
+    lock_job_id(conn, payload.job_id)
     cluster = payload.cluster.strip() if payload.cluster and payload.cluster.strip() else None
-    row = find_for_write(session, payload.job_id, cluster)
+    row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
         row = dict(
             cluster=cluster or NO_CLUSTER,
@@ -103,8 +109,8 @@ def submit(session: Session, payload: JobCreatePayload) -> WriteResult:
             updated_at=payload.submitted_at,
             metadata=payload.metadata or None,
         )
-        _save(session, row, None)
-        return _result(row, events.append_if_changed(session, row, None, payload.submitted_at))
+        _save(conn, row, None)
+        return _result(row, events.append_if_changed(conn, row, None, payload.submitted_at))
     original = dict(row)
     claim(row, cluster)
     # A late or repeated POST never rewinds status; it only fills in what is missing.
@@ -117,17 +123,17 @@ def submit(session: Session, payload: JobCreatePayload) -> WriteResult:
         row["submitted_at"] = payload.submitted_at
     # Submit-time metadata is older than what the started report sent: keep the newer keys.
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
-    _save(session, row, original)
+    _save(conn, row, original)
     return _result(row, None)
 
 
-def update(session: Session, job_id: str, payload: JobUpdatePayload) -> WriteResult:
+def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
     """Apply a PUT, creating a placeholder row when the job's POST never arrived."""
-    lock_job_id(session, job_id)
+    lock_job_id(conn, job_id)
     reported = payload.metadata or {}
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
     cluster = payload.reported_cluster()
-    row = find_for_write(session, job_id, cluster)
+    row = find_for_write(conn, job_id, cluster)
     if row is None:
         original = before = None
         first_seen = min(payload.updated_at, payload.started_at or payload.updated_at)
@@ -161,17 +167,17 @@ def update(session: Session, job_id: str, payload: JobUpdatePayload) -> WriteRes
     row["artifacts"] = _merged(row["artifacts"], payload.artifacts)
     row["metadata"] = _merged(row["metadata"], payload.metadata)
     row["updated_at"] = max(row["updated_at"], payload.updated_at)
-    _save(session, row, original)
-    return _result(row, events.append_if_changed(session, row, before, payload.updated_at))
+    _save(conn, row, original)
+    return _result(row, events.append_if_changed(conn, row, before, payload.updated_at))
 
 
 def _summary_fields(row) -> dict:
     return {**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": wire_cluster(row["cluster"])}
 
 
-def detail(session: Session, job_id: str, cluster: str | None) -> JobDetail:
+def detail(conn: Connection, job_id: str, cluster: str | None) -> JobDetail:
     """One job with its ordered event history."""
-    row = find_for_read(session, job_id, cluster)
+    row = find_for_read(conn, job_id, cluster)
     return JobDetail(
         **_summary_fields(row),
         recipe=row["recipe"],
@@ -179,18 +185,18 @@ def detail(session: Session, job_id: str, cluster: str | None) -> JobDetail:
         benchmark_results=row["benchmark_results"],
         artifacts=row["artifacts"],
         metadata=row["metadata"],
-        events=events.job_events(session, row["id"]),
+        events=events.job_events(conn, row["id"]),
     )
 
 
-def resolve(session: Session, job_id: str, cluster: str | None) -> tuple[int, str | None]:
+def resolve(conn: Connection, job_id: str, cluster: str | None) -> tuple[int, str | None]:
     """The primary key and wire cluster of the job a read names."""
-    row = find_for_read(session, job_id, cluster)
+    row = find_for_read(conn, job_id, cluster)
     return row["id"], wire_cluster(row["cluster"])
 
 
 def page(
-    session: Session, *, page: int, per_page: int, status: str | None = None, cluster: str | None = None
+    conn: Connection, *, page: int, per_page: int, status: str | None = None, cluster: str | None = None
 ) -> tuple[list[JobSummary], int]:
     """A newest-first page of jobs and the number matching the filters."""
     filters = []
@@ -198,8 +204,8 @@ def page(
         filters.append(JOBS.c.status == status)
     if cluster is not None:
         filters.append(JOBS.c.cluster == cluster)
-    total = session.scalar(select(func.count()).select_from(JOBS).where(*filters))
-    rows = session.execute(
+    total = conn.scalar(select(func.count()).select_from(JOBS).where(*filters))
+    rows = conn.execute(
         select(*_SUMMARY_SELECT)
         .where(*filters)
         .order_by(JOBS.c.submitted_at.desc(), JOBS.c.id.desc())
@@ -209,10 +215,10 @@ def page(
     return [JobSummary(**_summary_fields(row)) for row in rows], total or 0
 
 
-def remove(session: Session, job_id: str, cluster: str | None) -> str | None:
+def remove(conn: Connection, job_id: str, cluster: str | None) -> str | None:
     """Delete a job and everything under it; returns its wire cluster."""
-    lock_job_id(session, job_id)
-    row = find_for_read(session, job_id, cluster)
+    lock_job_id(conn, job_id)
+    row = find_for_read(conn, job_id, cluster)
     # The database cascades to events (and blobs) without loading them.
-    session.execute(delete(JOBS).where(JOBS.c.id == row["id"]))
+    conn.execute(delete(JOBS).where(JOBS.c.id == row["id"]))
     return wire_cluster(row["cluster"])
