@@ -112,10 +112,10 @@ def truncate(url: str, attempts: int = 10) -> None:
             try:
                 with engine.begin() as conn:
                     if url.startswith("postgresql"):
-                        conn.execute(text("TRUNCATE job_events, jobs RESTART IDENTITY CASCADE"))
+                        conn.execute(text("TRUNCATE job_events, jobs, job_counts RESTART IDENTITY CASCADE"))
                     else:
-                        conn.execute(text("DELETE FROM job_events"))
-                        conn.execute(text("DELETE FROM jobs"))
+                        for table in ("job_events", "jobs", "job_counts"):
+                            conn.execute(text(f"DELETE FROM {table}"))
                 return
             except OperationalError:
                 if attempt == attempts - 1:

@@ -54,13 +54,14 @@ def rows(n: int, seed: int = 7):
 JOB_COLUMNS = ("id, cluster, job_id, job_name, is_placeholder, status, stage, message, recipe, submitted_at,"
                " started_at, completed_at, updated_at, exit_code, metadata")
 EVENT_COLUMNS = "id, job_pk, status, stage, message, created_at"
+RECOUNT = "INSERT INTO job_counts (cluster, status, jobs) SELECT cluster, status, count(*) FROM jobs GROUP BY 1, 2"
 
 
 def seed_postgres(url: str, n: int) -> int:
     """Replace every job with n seeded ones; returns the highest event id."""
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn) as conn:
-        conn.execute("TRUNCATE job_events, jobs RESTART IDENTITY CASCADE")
+        conn.execute("TRUNCATE job_events, jobs, job_counts RESTART IDENTITY CASCADE")
         last = 0
         with conn.cursor() as cur:
             with cur.copy(f"COPY jobs ({JOB_COLUMNS}) FROM STDIN") as jobs_copy:
@@ -72,6 +73,7 @@ def seed_postgres(url: str, n: int) -> int:
                 for event in events:
                     events_copy.write_row(event)
                     last = event[0]
+        conn.execute(RECOUNT)
         conn.execute("SELECT setval('jobs_id_seq', %s)", (n,))
         conn.execute("SELECT setval('job_events_id_seq', %s)", (max(last, 1),))
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -92,6 +94,7 @@ def seed_sqlite(url: str, n: int) -> int:
     with conn:
         conn.execute("DELETE FROM job_events")
         conn.execute("DELETE FROM jobs")
+        conn.execute("DELETE FROM job_counts")
         last = 0
         jobs, events = [], []
         for job, event_rows in rows(n):
@@ -102,6 +105,7 @@ def seed_sqlite(url: str, n: int) -> int:
                 last = e[0]
         conn.executemany(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({', '.join('?' * 15)})", jobs)
         conn.executemany(f"INSERT INTO job_events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 6)})", events)
+        conn.execute(RECOUNT)
     conn.execute("ANALYZE")
     conn.close()
     return last

@@ -146,6 +146,23 @@ def current(db) -> None:
     click.echo(f"{revision or '(none)'} ({state})")
 
 
+@db_group.command()
+@db_option
+def recount(db) -> None:
+    """Rebuild the per-cluster, per-status job counts from the jobs table."""
+    from sqlalchemy import create_engine
+
+    from collector.store import counts
+
+    engine = create_engine(_database_url(db))
+    try:
+        with engine.begin() as conn:
+            counts.recount(conn)
+    finally:
+        engine.dispose()
+    click.echo("job counts rebuilt")
+
+
 def _ensure_sqlite_dir(url: str) -> None:
     from collector.db import ensure_sqlite_parent
 

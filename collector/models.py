@@ -114,3 +114,17 @@ class JobEvent(Base):
     message: Mapped[str | None] = mapped_column(Text)
     # The time the reporter stamped on the update (its updated_at / submitted_at).
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class JobCount(Base):
+    """How many jobs each cluster has in each status, kept in step by every write.
+
+    COUNT(*) over the jobs table grows with the table; the list's ``total`` reads
+    this instead, so a page costs the same at a thousand jobs or a million.
+    """
+
+    __tablename__ = "job_counts"
+
+    cluster: Mapped[str] = mapped_column(String(255), primary_key=True)
+    status: Mapped[str] = mapped_column(String(32), primary_key=True)
+    jobs: Mapped[int] = mapped_column(BigInteger, server_default="0")

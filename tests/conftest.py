@@ -58,10 +58,18 @@ class TestDatabase:
     def clean(self) -> None:
         with self.engine.begin() as conn:
             if self.is_postgres:
-                conn.execute(text("TRUNCATE job_events, jobs RESTART IDENTITY CASCADE"))
+                conn.execute(text("TRUNCATE job_events, jobs, job_counts RESTART IDENTITY CASCADE"))
             else:
-                conn.execute(text("DELETE FROM job_events"))
-                conn.execute(text("DELETE FROM jobs"))
+                for table in ("job_events", "jobs", "job_counts"):
+                    conn.execute(text(f"DELETE FROM {table}"))
+
+    def assert_counts_match_jobs(self) -> None:
+        """The maintained per-(cluster, status) counts equal a fresh GROUP BY over jobs."""
+        with self.engine.connect() as conn:
+            kept = {(c, s): n for c, s, n in conn.execute(text("SELECT cluster, status, jobs FROM job_counts")) if n}
+            real = dict(((c, s), n) for c, s, n in conn.execute(
+                text("SELECT cluster, status, count(*) FROM jobs GROUP BY cluster, status")))
+        assert kept == real
 
     def scalar(self, sql: str, **params):
         with self.engine.connect() as conn:

@@ -426,3 +426,19 @@ def test_wrong_method_is_405_envelope(api):
     response = api.request("PATCH", "/api/jobs/1")
     assert response.status_code == 405
     assert response.json()["request_id"] == response.headers["X-Request-ID"]
+
+
+def test_list_totals_follow_every_kind_of_write(api, database):
+    seed_list(api)
+    put(api, "900", "starting", metadata={"job_name": "p"})        # placeholder, no cluster
+    put(api, "900", "workers", metadata={"cluster": "b"})          # claimed by b, status moves
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "900", "cluster": "b"})  # repair: nothing moves
+    put(api, "104", "failed", metadata={"cluster": "a"})
+    api.delete("/api/jobs/103", params={"cluster": "b"})
+    database.assert_counts_match_jobs()
+    for status in (None, "submitted", "workers", "completed", "failed"):
+        for cluster in (None, "a", "b", "nowhere"):
+            params = {k: v for k, v in {"status": status, "cluster": cluster}.items() if v}
+            where = " AND ".join(f"{k} = :{k}" for k in params) or "1 = 1"
+            expected = database.scalar(f"SELECT count(*) FROM jobs WHERE {where}", **params)
+            assert api.get("/api/jobs", params=params).json()["total"] == expected, params

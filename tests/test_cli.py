@@ -116,3 +116,22 @@ def test_serve_on_migrated_postgres(postgres):
         assert Reporter(server.url, "pg-1").create("n", cluster="c")
     finally:
         server.stop()
+
+
+def test_db_recount_rebuilds_counts_after_edits_behind_our_back(serve, database):
+    server = serve()
+    for i in range(3):
+        server.post("/api/jobs", json={"job_id": str(i), "job_name": "n", "cluster": "a",
+                                       "submitted_at": "2025-01-26T10:30:00Z"})
+    with database.engine.begin() as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE jobs SET status = 'failed' WHERE job_id = '1'"))
+        conn.execute(text("DELETE FROM jobs WHERE job_id = '2'"))
+    assert server.get("/api/jobs", params={"status": "failed"}).json()["total"] == 0
+    result = run(collector_command("db", "recount", "--db", database.url), child_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "job counts rebuilt"
+    assert server.get("/api/jobs", params={"status": "failed"}).json()["total"] == 1
+    assert server.get("/api/jobs").json()["total"] == 2
+    database.assert_counts_match_jobs()

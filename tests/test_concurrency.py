@@ -54,6 +54,7 @@ def race_first_writes(url: str, database, rounds: int = 5, writers: int = 24) ->
         assert all(code == (201 if kind == "post" else 200) for kind, code in results), results
         assert database.scalar("SELECT count(*) FROM jobs WHERE job_id = :j", j=job_id) == 1
         assert database.scalar("SELECT cluster FROM jobs WHERE job_id = :j", j=job_id) == "c1"
+    database.assert_counts_match_jobs()
 
 
 def test_racing_first_writes_make_one_row_in_threads(serve, database):
@@ -109,6 +110,7 @@ def test_feed_pollers_see_every_event_exactly_once_under_concurrent_writers(post
         watcher.join(timeout=60)
     assert errors == []
     assert postgres.scalar("SELECT count(*) FROM job_events") == writers * updates
+    postgres.assert_counts_match_jobs()
     for ids in seen:
         # Every poller got every event, once each, in id order: nothing skipped, nothing repeated.
         assert len(ids) == writers * updates

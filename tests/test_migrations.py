@@ -53,3 +53,24 @@ def test_schema_problem_names_the_command(new_database):
                            "run `collector db upgrade`")
     finally:
         engine.dispose()
+
+
+def test_job_counts_revision_backfills_existing_jobs(new_database):
+    from sqlalchemy import text
+
+    url = new_database()
+    migrations.upgrade(url, "0001")
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for i, (cluster, status) in enumerate([("a", "completed"), ("a", "completed"), ("", "workers")]):
+                conn.execute(text(
+                    "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, updated_at)"
+                    " VALUES (:c, :j, 'n', false, :s, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"),
+                    {"c": cluster, "j": str(i), "s": status})
+        migrations.upgrade(url)
+        with engine.connect() as conn:
+            counts = set(conn.execute(text("SELECT cluster, status, jobs FROM job_counts")))
+        assert counts == {("a", "completed", 2), ("", "workers", 1)}
+    finally:
+        engine.dispose()

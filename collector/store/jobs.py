@@ -6,7 +6,6 @@ import dataclasses
 
 from sqlalchemy import bindparam
 from sqlalchemy import delete
-from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update as sql_update
@@ -18,6 +17,7 @@ from collector.contract import JobEventRecord
 from collector.contract import JobStatus
 from collector.contract import JobSummary
 from collector.contract import JobUpdatePayload
+from collector.store import counts
 from collector.store import events
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
@@ -86,6 +86,17 @@ def _save(conn: Connection, row: JobRow, original: JobRow | None) -> None:
         conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
 
 
+def _finish(conn: Connection, row: JobRow, original: JobRow | None, before, created_at) -> WriteResult:
+    """Append the event and move the count: the last statements of every write, in that order."""
+    event = events.append_if_changed(conn, row, before, created_at)
+    counts.move(conn, None if original is None else _count_key(original), _count_key(row))
+    return _result(row, event)
+
+
+def _count_key(row: JobRow) -> counts.Key:
+    return row["cluster"], row["status"]
+
+
 def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
     return WriteResult(job_id=row["job_id"], cluster=wire_cluster(row["cluster"]), status=row["status"], event=event)
 
@@ -110,7 +121,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
             metadata=payload.metadata or None,
         )
         _save(conn, row, None)
-        return _result(row, events.append_if_changed(conn, row, None, payload.submitted_at))
+        return _finish(conn, row, None, None, payload.submitted_at)
     original = dict(row)
     claim(row, cluster)
     # A late or repeated POST never rewinds status; it only fills in what is missing.
@@ -124,7 +135,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     # Submit-time metadata is older than what the started report sent: keep the newer keys.
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
     _save(conn, row, original)
-    return _result(row, None)
+    return _finish(conn, row, original, _triple(row), payload.submitted_at)
 
 
 def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
@@ -168,7 +179,7 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     row["metadata"] = _merged(row["metadata"], payload.metadata)
     row["updated_at"] = max(row["updated_at"], payload.updated_at)
     _save(conn, row, original)
-    return _result(row, events.append_if_changed(conn, row, before, payload.updated_at))
+    return _finish(conn, row, original, before, payload.updated_at)
 
 
 def _summary_fields(row) -> dict:
@@ -204,7 +215,7 @@ def page(
         filters.append(JOBS.c.status == status)
     if cluster is not None:
         filters.append(JOBS.c.cluster == cluster)
-    total = conn.scalar(select(func.count()).select_from(JOBS).where(*filters))
+    total = counts.total(conn, status=status, cluster=cluster)
     rows = conn.execute(
         select(*_SUMMARY_SELECT)
         .where(*filters)
@@ -212,7 +223,7 @@ def page(
         .limit(per_page)
         .offset((page - 1) * per_page)
     ).mappings()
-    return [JobSummary(**_summary_fields(row)) for row in rows], total or 0
+    return [JobSummary(**_summary_fields(row)) for row in rows], total
 
 
 def remove(conn: Connection, job_id: str, cluster: str | None) -> str | None:
@@ -221,4 +232,5 @@ def remove(conn: Connection, job_id: str, cluster: str | None) -> str | None:
     row = find_for_read(conn, job_id, cluster)
     # The database cascades to events (and blobs) without loading them.
     conn.execute(delete(JOBS).where(JOBS.c.id == row["id"]))
+    counts.move(conn, _count_key(row), None)
     return wire_cluster(row["cluster"])

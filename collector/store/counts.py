@@ -1,0 +1,51 @@
+"""Per-(cluster, status) job counts: the list's totals without COUNT(*) over every job."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+from sqlalchemy import delete
+from sqlalchemy import func
+from sqlalchemy import insert
+from sqlalchemy import select
+from sqlalchemy import text
+
+from collector.models import Job
+from collector.models import JobCount
+
+COUNTS = JobCount.__table__
+JOBS = Job.__table__
+
+Key = tuple[str, str]
+
+_ADD = text(
+    "INSERT INTO job_counts (cluster, status, jobs) VALUES (:cluster, :status, :delta) "
+    "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs"
+)
+
+
+def move(conn: Connection, old: Key | None, new: Key | None) -> None:
+    """Count a job under ``new`` instead of ``old`` (None: created, or deleted)."""
+    if old == new:
+        return
+    changes = {key: delta for key, delta in ((old, -1), (new, 1)) if key is not None}
+    # Always in key order: two writers moving jobs between the same pair of rows in
+    # opposite directions would otherwise each hold one row and wait for the other.
+    for (cluster, status), delta in sorted(changes.items()):
+        conn.execute(_ADD, {"cluster": cluster, "status": status, "delta": delta})
+
+
+def total(conn: Connection, *, status: str | None = None, cluster: str | None = None) -> int:
+    """How many jobs match the list filters."""
+    query = select(func.coalesce(func.sum(COUNTS.c.jobs), 0))
+    if status is not None:
+        query = query.where(COUNTS.c.status == status)
+    if cluster is not None:
+        query = query.where(COUNTS.c.cluster == cluster)
+    return int(conn.scalar(query))
+
+
+def recount(conn: Connection) -> None:
+    """Rebuild every count from the jobs table (after edits made behind the collector's back)."""
+    conn.execute(delete(COUNTS))
+    grouped = select(JOBS.c.cluster, JOBS.c.status, func.count()).group_by(JOBS.c.cluster, JOBS.c.status)
+    conn.execute(insert(COUNTS).from_select(["cluster", "status", "jobs"], grouped))
