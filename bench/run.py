@@ -185,6 +185,7 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
                 last = 0
                 for _, _, _, url in targets:
                     last = seed.seed_postgres(url, n)
+                settle(args.pg_url)
                 paths = read_paths(work, n, last)
                 for name in selected(args, READ_SCENARIOS):
                     compare(args, rows, name, n, targets,
@@ -224,9 +225,23 @@ def _single(work: Path, path: str) -> Path:
     return file
 
 
+def settle(server_url: str) -> None:
+    """Flush the seed's WAL now, so a checkpoint does not land in the middle of a measurement."""
+    engine = create_engine(make_url(database_url(server_url)), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.execute(text("CHECKPOINT"))
+    engine.dispose()
+
+
 def compare(args, rows, name, n, targets, measure, before=None) -> None:
     """Alternate collector and baseline rounds so machine drift cancels; record medians."""
     results: dict[str, list[Result]] = {"collector": [], "baseline": []}
+    if not args.quick:
+        # Warm caches, pools and plans on both sides before anything is recorded.
+        for _label, url, token, _db in targets:
+            if before:
+                before()
+            measure(url, token)
     for _ in range(args.rounds):
         for label, url, token, _db in targets:
             if before:
