@@ -73,13 +73,18 @@ def append_if_changed(
     else:
         # SQLite needs no lock: BEGIN IMMEDIATE already admits one writer at a time.
         event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
+    return record(job, event_id, created_at)
+
+
+def record(job: JobRow, event_id: int, created_at: dt.datetime) -> JobEventRecord:
+    """The wire record of the event just appended for ``job``."""
     return JobEventRecord(
         id=event_id,
         job_id=job["job_id"],
         cluster=wire_cluster(job["cluster"]),
-        status=current[0],
-        stage=current[1],
-        message=current[2],
+        status=job["status"],
+        stage=job["stage"],
+        message=job["message"],
         created_at=created_at,
     )
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sqlalchemy import bindparam
 from sqlalchemy import delete
-from sqlalchemy import insert
 from sqlalchemy import select
-from sqlalchemy import update as sql_update
 from sqlalchemy import Connection
 
 from collector.contract import JobCreatePayload
@@ -19,6 +16,7 @@ from collector.contract import JobSummary
 from collector.contract import JobUpdatePayload
 from collector.store import counts
 from collector.store import events
+from collector.store import writes
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
 from collector.store.identity import JobRow
@@ -67,34 +65,13 @@ def _merged(existing: dict | None, patch: dict | None, *, existing_wins: bool = 
     return _deep_merge(existing or {}, patch, base_wins=existing_wins)
 
 
+def _new_row(**fields) -> JobRow:
+    """A row not yet stored: every column present, unset ones null."""
+    return {**dict.fromkeys(c.name for c in JOBS.c if c.name != "id"), **fields}
+
+
 def _triple(row: JobRow) -> tuple[str, str | None, str | None]:
     return row["status"], row["stage"], row["message"]
-
-
-# Prebuilt and given their values as parameters, so SQLAlchemy compiles each shape once.
-_INSERT_JOB = insert(JOBS).returning(JOBS.c.id)
-_UPDATE_JOB = sql_update(JOBS).where(JOBS.c.id == bindparam("pk"))
-
-
-def _save(conn: Connection, row: JobRow, original: JobRow | None) -> None:
-    """INSERT a new row (setting its id) or UPDATE only the columns that changed."""
-    if original is None:
-        row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
-        return
-    changes = {key: value for key, value in row.items() if value != original[key]}
-    if changes:
-        conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
-
-
-def _finish(conn: Connection, row: JobRow, original: JobRow | None, before, created_at) -> WriteResult:
-    """Append the event and move the count: the last statements of every write, in that order."""
-    event = events.append_if_changed(conn, row, before, created_at)
-    counts.move(conn, None if original is None else _count_key(original), _count_key(row))
-    return _result(row, event)
-
-
-def _count_key(row: JobRow) -> counts.Key:
-    return row["cluster"], row["status"]
 
 
 def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
@@ -107,21 +84,18 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     cluster = payload.cluster.strip() if payload.cluster and payload.cluster.strip() else None
     row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
-        row = dict(
+        row = _new_row(
             cluster=cluster or NO_CLUSTER,
             job_id=payload.job_id,
             job_name=payload.job_name,
             is_placeholder=False,
             status=JobStatus.SUBMITTED.value,
-            stage=None,
-            message=None,
             recipe=payload.recipe,
             submitted_at=payload.submitted_at,
             updated_at=payload.submitted_at,
             metadata=payload.metadata or None,
         )
-        _save(conn, row, None)
-        return _finish(conn, row, None, None, payload.submitted_at)
+        return _result(row, writes.save(conn, row, None, None, payload.submitted_at))
     original = dict(row)
     claim(row, cluster)
     # A late or repeated POST never rewinds status; it only fills in what is missing.
@@ -134,8 +108,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
         row["submitted_at"] = payload.submitted_at
     # Submit-time metadata is older than what the started report sent: keep the newer keys.
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
-    _save(conn, row, original)
-    return _finish(conn, row, original, _triple(row), payload.submitted_at)
+    return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at))
 
 
 def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
@@ -148,11 +121,13 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     if row is None:
         original = before = None
         first_seen = min(payload.updated_at, payload.started_at or payload.updated_at)
-        row = dict(
-            cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=reported_name or placeholder_name(job_id),
-            is_placeholder=True, status=None, stage=None, message=None, recipe=None, submitted_at=first_seen,
-            started_at=None, completed_at=None, updated_at=payload.updated_at, exit_code=None, logs_url=None,
-            benchmark_results=None, artifacts=None, metadata=None,
+        row = _new_row(
+            cluster=cluster or NO_CLUSTER,
+            job_id=job_id,
+            job_name=reported_name or placeholder_name(job_id),
+            is_placeholder=True,
+            submitted_at=first_seen,
+            updated_at=payload.updated_at,
         )
     else:
         original = dict(row)
@@ -178,8 +153,7 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     row["artifacts"] = _merged(row["artifacts"], payload.artifacts)
     row["metadata"] = _merged(row["metadata"], payload.metadata)
     row["updated_at"] = max(row["updated_at"], payload.updated_at)
-    _save(conn, row, original)
-    return _finish(conn, row, original, before, payload.updated_at)
+    return _result(row, writes.save(conn, row, original, before, payload.updated_at))
 
 
 def _summary_fields(row) -> dict:
@@ -232,5 +206,5 @@ def remove(conn: Connection, job_id: str, cluster: str | None) -> str | None:
     row = find_for_read(conn, job_id, cluster)
     # The database cascades to events (and blobs) without loading them.
     conn.execute(delete(JOBS).where(JOBS.c.id == row["id"]))
-    counts.move(conn, _count_key(row), None)
+    counts.move(conn, (row["cluster"], row["status"]), None)
     return wire_cluster(row["cluster"])
