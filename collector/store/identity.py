@@ -6,12 +6,12 @@ from typing import Any
 
 from sqlalchemy import bindparam
 from sqlalchemy import select
-from sqlalchemy import text
 from sqlalchemy import Connection
 
 from collector.errors import Conflict
 from collector.errors import NotFound
 from collector.models import Job
+from collector.store import pg_driver
 
 NO_CLUSTER = ""
 # Advisory-lock namespaces (first key of pg_advisory_xact_lock(int, int)).
@@ -22,7 +22,6 @@ FEED_LOCK = 2
 # than ORM instances: it is the hottest path in the service and needs no identity map.
 JobRow = dict[str, Any]
 JOBS = Job.__table__
-_LOCK_JOB_ID = text("SELECT pg_advisory_xact_lock(:namespace, hashtext(:job_id))")
 # Built once: a statement object reused across requests skips construction and cache-key work.
 _ROWS_OF_JOB_ID = select(JOBS).where(JOBS.c.job_id == bindparam("job_id")).order_by(JOBS.c.id)
 _ROW_ON_CLUSTER = select(JOBS).where(JOBS.c.cluster == bindparam("cluster"), JOBS.c.job_id == bindparam("job_id"))
@@ -41,10 +40,12 @@ def is_postgres(conn: Connection) -> bool:
 def lock_job_id(conn: Connection, job_id: str) -> None:
     """Serialise writers of one job id until commit, so resolve-then-create cannot race."""
     if is_postgres(conn):
-        conn.execute(_LOCK_JOB_ID, {"namespace": JOB_LOCK, "job_id": job_id})
+        pg_driver.execute(conn, pg_driver.LOCK_JOB_ID, {"namespace": JOB_LOCK, "job_id": job_id})
 
 
 def _rows(conn: Connection, job_id: str) -> list[JobRow]:
+    if is_postgres(conn):
+        return pg_driver.job_rows(pg_driver.execute(conn, pg_driver.ROWS_OF_JOB_ID, {"job_id": job_id}))
     return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
 
 

@@ -1,8 +1,8 @@
 """Persisting a job write: the row, its event and its count, in as few round trips as we can.
 
 SQLite runs them as separate statements (one writer at a time, no network). PostgreSQL
-gets one statement for all three, because on a shared collector the per-statement cost
-(a round trip plus driver and SQLAlchemy work) is most of what a lifecycle PUT costs.
+gets one statement for all three (pg_driver.SAVE_WITH_EVENT), because on a shared
+collector the per-statement cost is most of what a lifecycle PUT costs.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import datetime as dt
 from sqlalchemy import Connection
 from sqlalchemy import bindparam
 from sqlalchemy import insert
-from sqlalchemy import text
 from sqlalchemy import update
 
 from collector.contract import JobEventRecord
-from collector.models import UTCDateTime
 from collector.store import counts
 from collector.store import events
+from collector.store import pg_driver
 from collector.store.identity import FEED_LOCK
 from collector.store.identity import JOBS
 from collector.store.identity import JobRow
@@ -28,33 +27,6 @@ Triple = tuple[str, str | None, str | None]
 
 _INSERT_JOB = insert(JOBS).returning(JOBS.c.id)
 _UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("pk"))
-
-_MUTABLE = [c.name for c in JOBS.c if c.name != "id"]
-_SET = ", ".join(f'"{name}" = :{name}' for name in _MUTABLE)
-_TYPED = [bindparam(name, type_=JOBS.c[name].type) for name in _MUTABLE]
-# The row's UPDATE (skipped when nothing changed), then, when the triple changed, the
-# event under the feed lock (see events.py), then the count moves. The count upsert reads
-# feed_lock, so its row locks come after the feed lock, in key order (ORDER BY): no two
-# writers can then wait on each other.
-_COUNTED = (
-    "counted AS (INSERT INTO job_counts (cluster, status, jobs) "
-    "SELECT v.cluster, v.status, v.delta FROM {source}"
-    "(VALUES (:old_cluster, :old_status, :old_delta), (:new_cluster, :new_status, :new_delta)) "
-    "AS v (cluster, status, delta) "
-    "WHERE v.delta <> 0 ORDER BY v.cluster, v.status "
-    "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs)"
-)
-_UPDATED = f"updated AS (UPDATE jobs SET {_SET} WHERE id = :pk AND :changed)"
-_WITH_EVENT = text(
-    f"WITH {_UPDATED}, "
-    "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(:feed_namespace, 0) AS locked), "
-    "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at) "
-    "SELECT :pk, :status, :stage, :message, :created_at FROM feed_lock RETURNING id), "
-    + _COUNTED.format(source="feed_lock, ")
-    + " SELECT id FROM event"
-).bindparams(*_TYPED, bindparam("created_at", type_=UTCDateTime()))
-_WITHOUT_EVENT = text(f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT 1").bindparams(*_TYPED)
-
 
 def save(
     conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None, created_at: dt.datetime
@@ -78,9 +50,9 @@ def save(
     old_key, new_key = _count_key(original), _count_key(row)
     moved = old_key != new_key
     params = {
-        **{name: row[name] for name in _MUTABLE},
+        **pg_driver.row_params(row),
         "pk": row["id"],
-        "changed": original is not None and any(row[k] != original[k] for k in _MUTABLE),
+        "changed": original is not None and row != original,
         "created_at": created_at,
         # Zero deltas are filtered out: a new row has no old count, an unmoved one neither.
         "old_cluster": (old_key or new_key)[0],
@@ -92,10 +64,10 @@ def save(
     }
     triple = (row["status"], row["stage"], row["message"])
     if before == triple:
-        conn.execute(_WITHOUT_EVENT, params)
+        pg_driver.execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
         return None
-    event_id = conn.execute(_WITH_EVENT, {**params, "feed_namespace": FEED_LOCK}).scalar_one()
-    return events.record(row, event_id, created_at)
+    (event,) = pg_driver.execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "feed_namespace": FEED_LOCK})
+    return events.record(row, event["id"], created_at)
 
 
 def _count_key(row: JobRow | None) -> counts.Key | None:

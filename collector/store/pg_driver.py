@@ -1,0 +1,89 @@
+"""The PostgreSQL write path's three statements, run on the driver connection itself.
+
+A lifecycle PUT is dominated by per-statement overhead, and on this path SQLAlchemy's
+share of it (compilation lookup, bind and result processing) was larger than the
+driver's. These statements are fixed text, so they skip it: they run through psycopg on
+the very DBAPI connection, inside the transaction SQLAlchemy opened (docs/performance.md
+has the figures). Everything else, and all of SQLite, goes through SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from collector.models import JSONDocument
+from collector.models import Job
+from collector.models import UTCDateTime
+
+JOBS = Job.__table__
+_COLUMNS = [c.name for c in JOBS.c]
+_MUTABLE = [name for name in _COLUMNS if name != "id"]
+_TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime))
+_JSON = frozenset(c.name for c in JOBS.c if c.type is JSONDocument)
+
+LOCK_JOB_ID = "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(job_id)s))"
+ROWS_OF_JOB_ID = f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = %(job_id)s ORDER BY id"
+
+_UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".format(
+    ", ".join(f'"{name}" = %({name})s' for name in _MUTABLE)
+)
+# The count upsert reads feed_lock, so its row locks come after the feed lock and in key
+# order (ORDER BY): no two writers can wait on each other. Zero deltas are filtered out.
+_COUNTED = (
+    "counted AS (INSERT INTO job_counts (cluster, status, jobs) "
+    "SELECT v.cluster, v.status, v.delta FROM {source}"
+    "(VALUES (%(old_cluster)s, %(old_status)s, %(old_delta)s::bigint), "
+    "(%(new_cluster)s, %(new_status)s, %(new_delta)s::bigint)) AS v (cluster, status, delta) "
+    "WHERE v.delta <> 0 ORDER BY v.cluster, v.status "
+    "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs)"
+)
+# The MATERIALIZED CTE takes the feed lock before the event's id is drawn (events.py).
+SAVE_WITH_EVENT = (
+    f"WITH {_UPDATED}, "
+    "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(feed_namespace)s, 0) AS locked), "
+    "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at) "
+    "SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s FROM feed_lock RETURNING id), "
+    + _COUNTED.format(source="feed_lock, ")
+    + " SELECT id FROM event"
+)
+SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT NULL"
+
+
+def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``sql`` on the transaction's psycopg connection; rows come back as dicts.
+
+    Driver errors are raised as SQLAlchemy's, as if SQLAlchemy had run the statement:
+    the error handlers and the dead-connection replay (db.Database.run) see one kind.
+    """
+    driver = conn.connection.driver_connection
+    try:
+        with driver.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        dead = driver.closed or driver.broken
+        if dead:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, hide_parameters=True,
+                                  connection_invalidated=dead, dialect=conn.dialect) from exc
+
+
+def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as SQLAlchemy would give them: timestamps in UTC."""
+    for row in rows:
+        for name in _TIMESTAMPS:
+            if row[name] is not None:
+                row[name] = row[name].astimezone(dt.timezone.utc)
+    return rows
+
+
+def row_params(row: dict[str, Any]) -> dict[str, Any]:
+    """The job's columns as statement parameters (JSON documents wrapped for jsonb)."""
+    return {name: (Jsonb(row[name]) if name in _JSON and row[name] is not None else row[name]) for name in _MUTABLE}
