@@ -44,8 +44,6 @@ def lock_job_id(conn: Connection, job_id: str) -> None:
 
 
 def _rows(conn: Connection, job_id: str) -> list[JobRow]:
-    if is_postgres(conn):
-        return pg_driver.job_rows(pg_driver.execute(conn, pg_driver.ROWS_OF_JOB_ID, {"job_id": job_id}))
     return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
 
 
@@ -60,9 +58,14 @@ def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
 def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow | None:
     """The row a write lands on, as stored (see ``claim`` for a cluster-less one).
 
-    Returns None when the write should create a new row for ``(cluster or '', job_id)``.
+    Takes the job id's lock first, so until commit no other writer can create a row
+    this one did not see. Returns None when the write should create a new row for
+    ``(cluster or '', job_id)``.
     """
-    rows = _rows(conn, job_id)
+    if is_postgres(conn):
+        rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)
+    else:
+        rows = _rows(conn, job_id)  # BEGIN IMMEDIATE already made this the only writer
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)

@@ -80,7 +80,6 @@ def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
 
 def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     """Create a job in ``submitted``, or complete the identity of an existing one (POST)."""
-    lock_job_id(conn, payload.job_id)
     cluster = payload.cluster.strip() if payload.cluster and payload.cluster.strip() else None
     row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
@@ -113,7 +112,6 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
 
 def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
     """Apply a PUT, creating a placeholder row when the job's POST never arrived."""
-    lock_job_id(conn, job_id)
     reported = payload.metadata or {}
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
     cluster = payload.reported_cluster()

@@ -9,6 +9,7 @@ has the figures). Everything else, and all of SQLite, goes through SQLAlchemy.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from typing import Any
 
@@ -56,23 +57,44 @@ SAVE_WITH_EVENT = (
 SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT NULL"
 
 
-def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run ``sql`` on the transaction's psycopg connection; rows come back as dicts.
+@contextlib.contextmanager
+def _driver(conn: Connection, sql: str):
+    """The transaction's psycopg connection; its errors are raised as SQLAlchemy's.
 
-    Driver errors are raised as SQLAlchemy's, as if SQLAlchemy had run the statement:
-    the error handlers and the dead-connection replay (db.Database.run) see one kind.
+    As if SQLAlchemy had run the statement, so the error handlers and the dead-connection
+    replay (db.Database.run) see one kind of error.
     """
     driver = conn.connection.driver_connection
     try:
-        with driver.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
+        yield driver
     except psycopg.Error as exc:
         dead = driver.closed or driver.broken
         if dead:
             conn.invalidate(exc)
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error, hide_parameters=True,
+        raise DBAPIError.instance(sql, None, exc, psycopg.Error, hide_parameters=True,
                                   connection_invalidated=dead, dialect=conn.dialect) from exc
+
+
+def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``sql`` in the transaction; rows come back as dicts."""
+    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def locked_job_rows(conn: Connection, namespace: int, job_id: str) -> list[dict[str, Any]]:
+    """Take the job id's lock, then read its rows, in one round trip (pipeline mode).
+
+    The server runs them in order, and the SELECT takes its snapshot only once the lock
+    is held, so it sees whatever the previous holder committed.
+    """
+    with _driver(conn, ROWS_OF_JOB_ID) as driver, driver.cursor() as lock, \
+            driver.cursor(row_factory=dict_row) as rows:
+        with driver.pipeline():
+            lock.execute(LOCK_JOB_ID, {"namespace": namespace, "job_id": job_id})
+            rows.execute(ROWS_OF_JOB_ID, {"job_id": job_id})
+        # Leaving the pipeline block has waited for both results.
+        return job_rows(rows.fetchall())
 
 
 def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
