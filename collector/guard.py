@@ -118,6 +118,8 @@ class Guard:
 
     def log(self, response: Response) -> None:
         """One access line per request, carrying the id the client saw (never a token)."""
+        if not access_log.isEnabledFor(logging.INFO):
+            return
         elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
         access_log.info(
             '%s "%s %s" %d %.1fms request_id=%s',
