@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -76,6 +78,13 @@ class Database:
     def __init__(self, settings: Settings) -> None:
         self.engine = make_engine(settings)
         self.is_sqlite = settings.is_sqlite
+        self._sqlite_writer = threading.Lock()
+
+    def _writer_turn(self, write: bool):
+        # SQLite admits one writer; a second one waits in SQLite's busy handler, which
+        # sleeps in growing steps (up to 100 ms) and makes tail latency. Writers of this
+        # process queue on a lock instead; other processes still meet busy_timeout.
+        return self._sqlite_writer if write and self.is_sqlite else contextlib.nullcontext()
 
     def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``work`` in one transaction and commit it; replay once if the connection had died.
@@ -87,7 +96,7 @@ class Database:
         """
         for attempt in (1, 2):
             try:
-                with self.engine.connect() as conn:
+                with self._writer_turn(write), self.engine.connect() as conn:
                     if write and self.is_sqlite:
                         conn = conn.execution_options(**{WRITE_OPTION: True})
                     with conn.begin():
