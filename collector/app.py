@@ -19,7 +19,6 @@ from collector.settings import Settings
 def create_app(settings: Settings | None = None) -> Flask:
     """Build the app from ``settings`` (default: read from the environment)."""
     settings = settings or Settings.from_env()
-    settings.check()
     app = Flask(__name__, static_folder=None)
     app.config["COLLECTOR_SETTINGS"] = settings
     app.json.sort_keys = False
@@ -31,17 +30,25 @@ def create_app(settings: Settings | None = None) -> Flask:
     from collector.cli import db_group  # noqa: PLC0415 (cli imports the app lazily)
 
     app.cli.add_command(db_group)
-    logging.getLogger("collector").setLevel(logging.INFO)
+    logger = logging.getLogger("collector")
+    if logger.level == logging.NOTSET:
+        # INFO by default (one line per transition); a logging config that set a level wins.
+        logger.setLevel(logging.INFO)
     return app
 
 
-def prepare_database(app: Flask) -> None:
-    """Before serving: migrate SQLite, or refuse an out-of-date PostgreSQL schema."""
+def prepare_to_serve(app: Flask) -> None:
+    """Before serving: refuse unsafe settings; migrate SQLite, or refuse an old PostgreSQL schema.
+
+    Not part of create_app: `flask --app collector db upgrade` builds the app too, and a
+    migration must not need the tokens or bind address that serving does.
+    """
     from collector.migrations import schema_problem
     from collector.migrations import upgrade
     from collector.settings import SettingsError
 
     settings: Settings = app.config["COLLECTOR_SETTINGS"]
+    settings.check()
     engine = db.get_db_of(app).engine
     if settings.migrates_on_start:
         upgrade(settings.database_url)

@@ -7,7 +7,6 @@ import signal
 import sys
 
 import click
-from flask.cli import ScriptInfo
 
 from collector.settings import Settings
 from collector.settings import SettingsError
@@ -34,7 +33,7 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     from werkzeug.serving import make_server
 
     from collector.app import create_app
-    from collector.app import prepare_database
+    from collector.app import prepare_to_serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -48,7 +47,7 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
             cors_origins=cors_origins or None,
         )
         app = create_app(settings)
-        prepare_database(app)
+        prepare_to_serve(app)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     server = make_server(settings.host, settings.port, app, threaded=True, request_handler=_quiet_handler())
@@ -86,13 +85,9 @@ def _redacted(url: str) -> str:
 
 
 def _database_url(db: str | None) -> str:
-    if db:
-        return database_url(db)
-    # Under `flask --app collector db ...` the app's own settings decide.
-    info = click.get_current_context().find_object(ScriptInfo)
-    if info is not None:
-        return info.load_app().config["COLLECTOR_SETTINGS"].database_url
-    return Settings.from_env().database_url
+    # The same environment the app reads; `flask --app collector db ...` lands here too,
+    # without building the app (whose serving checks, such as tokens, do not apply).
+    return database_url(db) if db else Settings.from_env().database_url
 
 
 db_option = click.option("--db", "db", default=None, help="SQLite file path or SQLAlchemy URL (default from COLLECTOR_DATABASE_URL).")
@@ -116,7 +111,7 @@ def upgrade(db, revision) -> None:
     click.echo(f"database {_redacted(url)} is at {revision}")
 
 
-@db_group.command()
+@db_group.command(context_settings={"ignore_unknown_options": True})
 @db_option
 @click.argument("revision")
 def downgrade(db, revision) -> None:

@@ -102,7 +102,7 @@ class JobUpdatePayload(_Payload):
     def reported_cluster(self) -> str | None:
         """The cluster the reporter repeats in ``metadata.cluster``, if it is a usable name."""
         value = (self.metadata or {}).get("cluster")
-        return value if isinstance(value, str) and value.strip() else None
+        return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 class JobResponse(BaseModel):

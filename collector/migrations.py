@@ -58,11 +58,27 @@ def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this code ships."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return frozenset(r.revision for r in script.walk_revisions())
+
+
+def is_behind(current: str | None) -> bool:
+    """Whether a database at ``current`` lacks revisions this code needs.
+
+    A revision this code does not know is a newer one: the upgrade ran before this
+    process was replaced, and every revision works with the code before it, so the
+    database can still serve (the rule in docs/operations.md).
+    """
+    return current is None or (current != head_revision() and current in known_revisions())
+
+
 def schema_problem(engine: Engine) -> str | None:
-    """Why the database cannot serve this code, or None when it is at head."""
+    """Why the database cannot serve this code, or None when it is at head (or newer)."""
     current = current_revision(engine)
-    head = head_revision()
-    if current == head:
+    if not is_behind(current):
         return None
     at = f"at revision {current}" if current else "not migrated"
-    return f"database schema is {at} but this code needs {head}: run `collector db upgrade`"
+    return f"database schema is {at} but this code needs {head_revision()}: run `collector db upgrade`"

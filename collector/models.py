@@ -105,7 +105,12 @@ class JobEvent(Base):
     """One lifecycle transition; ``id`` is the cursor of both event feeds."""
 
     __tablename__ = "job_events"
-    __table_args__ = (Index("ix_job_events_job_pk_id", "job_pk", "id"),)
+    __table_args__ = (
+        Index("ix_job_events_job_pk_id", "job_pk", "id"),
+        # Without AUTOINCREMENT SQLite reuses the ids of deleted rows, and a feed cursor
+        # past them would never see the events that take them next.
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True)
     job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

@@ -31,7 +31,10 @@ preload_app = False
 # collector.access logs each request with its request id; gunicorn's own line would repeat it.
 accesslog = None
 errorlog = "-"
-loglevel = os.environ.get("COLLECTOR_LOG_LEVEL", "info")
+# gunicorn's own lines (boot, bind, worker deaths) stay at INFO; COLLECTOR_LOG_LEVEL
+# sets the collector's (one line per lifecycle transition at INFO).
+loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+collector_level = os.environ.get("COLLECTOR_LOG_LEVEL", "info").upper()
 proc_name = "collector"
 
 logconfig_dict = {
@@ -45,7 +48,7 @@ logconfig_dict = {
     },
     "root": {"level": "WARNING", "handlers": ["stderr"]},
     "loggers": {
-        "collector": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+        "collector": {"level": collector_level, "handlers": ["stderr"], "propagate": False},
         # One line per request; set to "warning" to keep only the application log.
         "collector.access": {"level": os.environ.get("COLLECTOR_ACCESS_LOG_LEVEL", "info").upper()},
         "gunicorn.error": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},

@@ -114,3 +114,14 @@ def test_bad_feed_query_is_422(api, params, field):
 def test_bad_job_feed_query_is_422(seeded, params):
     response = seeded.get("/api/jobs/2/events", params=params)
     assert response.status_code == 422
+
+
+def test_ids_of_deleted_events_are_never_reused(api):
+    submit(api, "1", "a")
+    put(api, "1", "workers")
+    newest = feed(api)["next_cursor"]
+    assert api.delete("/api/jobs/1").status_code == 200
+    submit(api, "2", "a")
+    body = feed(api, after=newest)
+    # A poller that had seen `newest` still gets the new job's event.
+    assert [e["job_id"] for e in body["events"]] == ["2"] and body["events"][0]["id"] > newest

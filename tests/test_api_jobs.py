@@ -214,6 +214,9 @@ def test_ambiguous_unclustered_read_and_write_are_409_naming_clusters(api):
         assert response.status_code == 409, response.text
         assert response.json()["clusters"] == ["a", "b"]
         assert "a, b" in response.json()["detail"]
+    assert api.get("/api/jobs/12345").json()["detail"].endswith("say which with ?cluster=")
+    assert put(api, "12345").json()["detail"].endswith(
+        "say which with the body's cluster (POST) or metadata.cluster (PUT)")
     assert api.get("/api/jobs").json()["total"] == 2
 
 
@@ -227,6 +230,14 @@ def test_clustered_write_claims_cluster_less_row(api):
     # A POST naming another cluster now creates that cluster's own row.
     api.post("/api/jobs", json={**SUBMIT, "job_id": "42", "cluster": "c2"})
     assert api.get("/api/jobs").json()["total"] == 2
+
+
+def test_reported_cluster_is_stripped_like_the_posted_one(api):
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "45", "cluster": " b200 "})
+    put(api, "45", "workers", metadata={"cluster": "b200 "})
+    listed = api.get("/api/jobs").json()
+    assert listed["total"] == 1 and listed["jobs"][0]["cluster"] == "b200"
+    assert listed["jobs"][0]["status"] == "workers"
 
 
 def test_unclustered_write_follows_the_only_row(api):

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import runpy
+import sys
+
+import requests
 
 from tests.processes import ROOT
+from tests.processes import ServerProcess
+from tests.processes import child_env
 
 CONFIG = ROOT / "deploy" / "gunicorn.conf.py"
 
@@ -32,3 +37,20 @@ def test_systemd_units_run_migrations_before_gunicorn():
     assert "Requires=collector-migrate.service" in service
     assert "gunicorn -c /opt/collector/deploy/gunicorn.conf.py collector.wsgi:app" in service
     assert "ExecStart=/opt/collector/venv/bin/collector db upgrade" in migrate
+
+
+def test_log_level_variable_reaches_collector_logs(database):
+    server = ServerProcess(
+        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "collector.wsgi:app"],
+        child_env(COLLECTOR_DATABASE_URL=database.url, COLLECTOR_PORT="0", COLLECTOR_WORKERS="1",
+                  COLLECTOR_LOG_LEVEL="warning"),
+    )
+    try:
+        body = {"status": "workers", "updated_at": "2025-01-26T10:35:00Z"}
+        assert requests.put(server.url + "/api/jobs/loglevel-1", json=body, timeout=5).status_code == 200
+    finally:
+        server.stop()
+    # gunicorn's own INFO lines announced the bind before the level applied to workers;
+    # the collector's per-transition INFO line must be gone.
+    assert "job loglevel-1 -> workers" not in server.output
+    assert "/api/jobs/loglevel-1\" 200" in server.output  # collector.access keeps its own level

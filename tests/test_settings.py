@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from collector.app import create_app
+from collector.app import prepare_to_serve
 from collector.settings import Settings
 from collector.settings import SettingsError
 from collector.settings import database_url
@@ -63,16 +64,20 @@ def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
 
-def test_read_token_without_write_token_refuses_to_start():
+def serve_check(tmp_path, **settings):
+    prepare_to_serve(create_app(Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", **settings)))
+
+
+def test_read_token_without_write_token_refuses_to_start(tmp_path):
     with pytest.raises(SettingsError, match="read token .* without a write token"):
-        create_app(Settings(database_url="sqlite://", read_token="r"))
+        serve_check(tmp_path, read_token="r")
 
 
-def test_no_token_off_loopback_refuses_to_start():
+def test_no_token_off_loopback_refuses_to_start(tmp_path):
     with pytest.raises(SettingsError, match="refusing to listen on 0.0.0.0 without a token"):
-        create_app(Settings(database_url="sqlite://", host="0.0.0.0"))
+        serve_check(tmp_path, host="0.0.0.0")
 
 
-def test_no_token_off_loopback_is_allowed_when_asked():
-    create_app(Settings(database_url="sqlite://", host="0.0.0.0", allow_unauthenticated=True))
-    create_app(Settings(database_url="sqlite://", host="0.0.0.0", write_token="w"))
+def test_no_token_off_loopback_is_allowed_when_asked(tmp_path):
+    serve_check(tmp_path, host="0.0.0.0", allow_unauthenticated=True)
+    serve_check(tmp_path, host="0.0.0.0", write_token="w")

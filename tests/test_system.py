@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from sqlalchemy import create_engine
+from sqlalchemy import text
+
 from collector.migrations import head_revision
 from collector.migrations import upgrade
 
@@ -23,20 +26,35 @@ def test_ready_is_503_when_the_schema_is_missing(serve, new_database):
     }
 
 
-def test_ready_is_503_when_the_schema_is_behind(serve, new_database, database):
-    url = new_database()
-    upgrade(url)
-    server = serve(database_url=url)
-    from sqlalchemy import create_engine
-    from sqlalchemy import text
-
+def set_revision(url: str, revision: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
     engine.dispose()
-    body = server.get("/api/ready").json()
-    assert body["status"] == "unavailable" and body["revision"] == "0000"
-    assert body["database"] == f"schema at 0000, code needs {head_revision()}: run `collector db upgrade`"
+
+
+def test_ready_is_503_when_the_schema_is_behind(serve, new_database):
+    url = new_database()
+    upgrade(url, "0001")
+    server = serve(database_url=url)
+    response = server.get("/api/ready")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "database": f"schema at 0001, code needs {head_revision()}: run `collector db upgrade`",
+        "revision": "0001",
+    }
+
+
+def test_ready_while_the_schema_is_already_newer_than_this_code(serve, new_database):
+    # Mid-upgrade: the migration ran, the old processes still serve until replaced.
+    url = new_database()
+    upgrade(url)
+    set_revision(url, "9999_from_newer_code")
+    server = serve(database_url=url)
+    response = server.get("/api/ready")
+    assert response.status_code == 200
+    assert response.json()["revision"] == "9999_from_newer_code"
 
 
 def test_ready_is_503_when_the_database_is_unreachable(serve, tmp_path):
@@ -45,8 +63,10 @@ def test_ready_is_503_when_the_database_is_unreachable(serve, tmp_path):
     response = server.get("/api/ready")
     assert response.status_code == 503
     body = response.json()
-    assert body["status"] == "unavailable" and body["revision"] is None
-    assert body["database"].startswith("unreachable: ")
+    assert body == {"status": "unavailable", "database": "unreachable (OperationalError); see the server log",
+                    "revision": None}
+    # The probe is open: it must not tell strangers where the database lives.
+    assert "127.0.0.1" not in response.text and "nobody" not in response.text
     # Liveness does not depend on the database.
     assert server.get("/api/health").json() == {"status": "ok"}
 

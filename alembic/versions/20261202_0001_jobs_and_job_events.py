@@ -64,6 +64,8 @@ def upgrade() -> None:
             ["job_pk"], ["jobs.id"], name=op.f("fk_job_events_job_pk_jobs"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_job_events")),
+        # SQLite must never reuse a deleted event's id: the feed cursor would skip it.
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_job_events_job_pk_id", "job_events", ["job_pk", "id"])
 

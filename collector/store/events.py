@@ -6,15 +6,12 @@ import datetime as dt
 
 from sqlalchemy import insert
 from sqlalchemy import select
-from sqlalchemy import text
 from sqlalchemy import Connection
 
 from collector.contract import JobEventRecord
 from collector.models import Job
 from collector.models import JobEvent
-from collector.store.identity import FEED_LOCK
 from collector.store.identity import JobRow
-from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 
 _RECORD_COLUMNS = (
@@ -40,19 +37,7 @@ def _record(row) -> JobEventRecord:
     )
 
 
-# Sequence values are handed out at INSERT but become visible at COMMIT, so two writers
-# can commit ids out of order and a poller past the larger id would skip the smaller one
-# forever. Taking one advisory lock before the id is drawn and holding it to COMMIT makes
-# commit order equal id order. It must be the last lock a transaction takes (callers
-# append last and commit at once), which also rules out deadlocks. The MATERIALIZED CTE
-# makes PostgreSQL take the lock before it evaluates the id default.
 EVENTS = JobEvent.__table__
-_APPEND_SERIALISED = text(
-    "WITH feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(:namespace, 0)) "
-    "INSERT INTO job_events (job_pk, status, stage, message, created_at) "
-    "SELECT :job_pk, :status, :stage, :message, :created_at FROM feed_lock "
-    "RETURNING id"
-)
 
 
 def append_if_changed(
@@ -67,12 +52,10 @@ def append_if_changed(
     current = (job["status"], job["stage"], job["message"])
     if before == current:
         return None
+    # No feed lock: BEGIN IMMEDIATE already admits one SQLite writer at a time, so ids
+    # commit in order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
     values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at)
-    if is_postgres(conn):
-        event_id = conn.execute(_APPEND_SERIALISED, {**values, "namespace": FEED_LOCK}).scalar_one()
-    else:
-        # SQLite needs no lock: BEGIN IMMEDIATE already admits one writer at a time.
-        event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
+    event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
     return record(job, event_id, created_at)
 
 

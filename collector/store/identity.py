@@ -47,10 +47,10 @@ def _rows(conn: Connection, job_id: str) -> list[JobRow]:
     return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
 
 
-def _ambiguous(job_id: str, rows: list[JobRow]) -> Conflict:
+def _ambiguous(job_id: str, rows: list[JobRow], how: str) -> Conflict:
     clusters = sorted(wire_cluster(r["cluster"]) or "" for r in rows)
     return Conflict(
-        f"job {job_id} exists on several clusters ({', '.join(clusters)}); say which with ?cluster=",
+        f"job {job_id} exists on several clusters ({', '.join(clusters)}); say which with {how}",
         extra={"clusters": clusters},
     )
 
@@ -73,7 +73,7 @@ def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow
     if bare is not None:
         return bare
     if len(rows) > 1:
-        raise _ambiguous(job_id, rows)
+        raise _ambiguous(job_id, rows, "the body's cluster (POST) or metadata.cluster (PUT)")
     return rows[0] if rows else None
 
 
@@ -95,7 +95,7 @@ def find_for_read(conn: Connection, job_id: str, cluster: str | None) -> JobRow:
     if bare is not None:
         return bare
     if len(rows) > 1:
-        raise _ambiguous(job_id, rows)
+        raise _ambiguous(job_id, rows, "?cluster=")
     if not rows:
         raise NotFound(f"job {job_id} not found")
     return rows[0]

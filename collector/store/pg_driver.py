@@ -45,7 +45,11 @@ _COUNTED = (
     "WHERE v.delta <> 0 ORDER BY v.cluster, v.status "
     "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs)"
 )
-# The MATERIALIZED CTE takes the feed lock before the event's id is drawn (events.py).
+# The feed never skips: sequence values are handed out at INSERT but become visible at
+# COMMIT, so two writers could commit ids out of order and a poller past the larger id
+# would miss the smaller one forever. One advisory lock, taken before the id is drawn
+# (the MATERIALIZED CTE is evaluated first) and held to COMMIT, makes commit order equal
+# id order. It is the last lock the transaction takes, which also rules out deadlocks.
 SAVE_WITH_EVENT = (
     f"WITH {_UPDATED}, "
     "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(feed_namespace)s, 0) AS locked), "

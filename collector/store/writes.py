@@ -28,6 +28,7 @@ Triple = tuple[str, str | None, str | None]
 _INSERT_JOB = insert(JOBS).returning(JOBS.c.id)
 _UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("pk"))
 
+
 def save(
     conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None, created_at: dt.datetime
 ) -> JobEventRecord | None:
@@ -38,15 +39,21 @@ def save(
     """
     if original is None:
         row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
-    if not is_postgres(conn):
-        if original is not None:
-            changes = {key: value for key, value in row.items() if value != original[key]}
-            if changes:
-                conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
-        event = events.append_if_changed(conn, row, before, created_at)
-        counts.move(conn, _count_key(original), _count_key(row))
-        return event
+    save_rest = _save_postgres if is_postgres(conn) else _save_sqlite
+    return save_rest(conn, row, original, before, created_at)
 
+
+def _save_sqlite(conn, row, original, before, created_at) -> JobEventRecord | None:
+    if original is not None:
+        changes = {key: value for key, value in row.items() if value != original[key]}
+        if changes:
+            conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
+    event = events.append_if_changed(conn, row, before, created_at)
+    counts.move(conn, _count_key(original), _count_key(row))
+    return event
+
+
+def _save_postgres(conn, row, original, before, created_at) -> JobEventRecord | None:
     old_key, new_key = _count_key(original), _count_key(row)
     moved = old_key != new_key
     params = {
