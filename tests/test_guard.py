@@ -192,3 +192,25 @@ def test_tokens_are_never_logged(api, caplog):
     api.get("/api/jobs")
     api.get("/api/jobs", token="guess-" + api.token)
     assert api.token not in caplog.text
+
+
+def chunks(total: int):
+    yield b'{"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "message": "'
+    for _ in range(total // 65536):
+        yield b"m" * 65536
+    yield b'"}'
+
+
+def test_chunked_body_over_the_limit_is_413(api, database):
+    response = api.put("/api/jobs/1", data=chunks(2 * 1024 * 1024))
+    assert response.status_code == 413
+    assert response.json()["detail"] == "chunked body exceeds the 1048576-byte limit"
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+def test_small_chunked_body_is_read_whole(api):
+    def body():
+        yield b'{"status": "workers", '
+        yield b'"updated_at": "2025-01-26T10:35:00Z"}'
+
+    assert api.put("/api/jobs/1", data=body()).status_code == 200

@@ -6,6 +6,7 @@ import json
 from typing import TypeVar
 
 from flask import Response
+from flask import current_app
 from flask import request
 from pydantic import BaseModel
 from pydantic import ValidationError
@@ -19,7 +20,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def read_body() -> bytes:
-    """The whole request body (already capped by the guard), or 400 if it arrived short."""
+    """The whole request body: 413 past the limit, 400 if it arrived short of its length."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is None:
+        # A chunked body has no length for the guard to check up front, and werkzeug
+        # would cut it at the limit silently: read one byte past it to tell.
+        data = request.environ["wsgi.input"].read(limit + 1)
+        if len(data) > limit:
+            raise APIError(f"chunked body exceeds the {limit}-byte limit", status=413)
+        return data
     try:
         return request.get_data(cache=False)
     except ClientDisconnected:
