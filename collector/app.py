@@ -9,11 +9,15 @@ from flask import Flask
 from collector import db
 from collector import errors
 from collector import guard
+from collector import ui
 from collector.api import events
 from collector.api import jobs
 from collector.api import system
-from collector import ui
+from collector.cli import db_group
+from collector.migrations import schema_problem
+from collector.migrations import upgrade
 from collector.settings import Settings
+from collector.settings import SettingsError
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -27,8 +31,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     db.init_app(app, db.Database(settings))
     for blueprint in (system.bp, jobs.bp, events.bp, ui.bp):
         app.register_blueprint(blueprint)
-    from collector.cli import db_group  # noqa: PLC0415 (cli imports the app lazily)
-
     app.cli.add_command(db_group)
     logger = logging.getLogger("collector")
     if logger.level == logging.NOTSET:
@@ -43,10 +45,6 @@ def prepare_to_serve(app: Flask) -> None:
     Not part of create_app: `flask --app collector db upgrade` builds the app too, and a
     migration must not need the tokens or bind address that serving does.
     """
-    from collector.migrations import schema_problem
-    from collector.migrations import upgrade
-    from collector.settings import SettingsError
-
     settings: Settings = app.config["COLLECTOR_SETTINGS"]
     settings.check()
     engine = db.get_db_of(app).engine
