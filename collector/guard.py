@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import re
 import time
-import uuid
 
 from flask import Flask
 from flask import Response
@@ -27,7 +27,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 def _request_id() -> str:
     # Keep a proxy's id so one request can be followed across hops; otherwise mint one.
     incoming = request.headers.get("X-Request-ID", "")
-    return incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    return incoming if _REQUEST_ID.match(incoming) else os.urandom(16).hex()
 
 
 def _bearer() -> str | None:
