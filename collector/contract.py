@@ -12,6 +12,11 @@ from pydantic import BeforeValidator
 from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import PlainSerializer
+from pydantic import TypeAdapter
+from pydantic import ValidationError
+from pydantic import field_validator
+from pydantic import model_validator
+from pydantic_core import PydanticCustomError
 
 MAX_ID_LENGTH = 255
 
@@ -68,9 +73,50 @@ Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, patter
 OptionalText = Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH * 16)]
 
 
+def _strip_blank(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.strip() or None
+    return value
+
+
+# A cluster name as both POST (``cluster``) and PUT (``metadata.cluster``) carry it:
+# surrounding blanks dropped, blank meaning "no cluster", as long as the column holds.
+ClusterName = Annotated[Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None, BeforeValidator(_strip_blank)]
+_CLUSTER_NAME = TypeAdapter(ClusterName)
+# PostgreSQL's INTEGER: a larger exit code would be a database error, not a 422.
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
+
+def _nul_path(value: Any, path: tuple) -> tuple | None:
+    """Where a NUL character hides in a JSON value (PostgreSQL text and jsonb refuse it)."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _nul_path(key, path + (key,)) if isinstance(key, str) else None
+        found = found or _nul_path(item, path + (key,))
+        if found:
+            return found
+    return None
+
+
 class _Payload(BaseModel):
     # Reporters newer than us may send fields we do not know: accept and ignore them.
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        found = _nul_path(data, ())
+        if found:
+            raise PydanticCustomError("nul_character", "text may not contain NUL (\\u0000) characters, found at {at}",
+                                      {"at": ".".join(map(str, found))})
+        return data
 
 
 class JobCreatePayload(_Payload):
@@ -79,7 +125,7 @@ class JobCreatePayload(_Payload):
     job_id: Identifier
     job_name: Annotated[str, Field(min_length=1, max_length=4096)]
     submitted_at: Timestamp
-    cluster: Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH)] = None
+    cluster: ClusterName = None
     recipe: OptionalText = None
     metadata: dict[str, Any] | None = None
 
@@ -93,16 +139,26 @@ class JobUpdatePayload(_Payload):
     message: OptionalText = None
     started_at: Timestamp | None = None
     completed_at: Timestamp | None = None
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     logs_url: OptionalText = None
     benchmark_results: dict[str, Any] | None = None
     artifacts: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
 
+    @field_validator("metadata")
+    @classmethod
+    def _reported_cluster_fits(cls, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        # metadata.cluster is an identity field, held to the same rule as POST's cluster.
+        if metadata and metadata.get("cluster") is not None:
+            try:
+                _CLUSTER_NAME.validate_python(metadata["cluster"])
+            except ValidationError as exc:
+                raise ValueError(f"cluster: {exc.errors()[0]['msg']}") from None
+        return metadata
+
     def reported_cluster(self) -> str | None:
-        """The cluster the reporter repeats in ``metadata.cluster``, if it is a usable name."""
-        value = (self.metadata or {}).get("cluster")
-        return value.strip() if isinstance(value, str) and value.strip() else None
+        """The cluster the reporter repeats in ``metadata.cluster`` (None when absent or blank)."""
+        return _CLUSTER_NAME.validate_python((self.metadata or {}).get("cluster"))
 
 
 class JobResponse(BaseModel):

@@ -52,12 +52,17 @@ def error_response(status: int, detail: str, headers: dict[str, str] | None = No
     return response
 
 
-def validation_detail(exc: ValidationError, where: str) -> tuple[str, list[dict]]:
-    """Summarise a pydantic error as one sentence plus a list of ``{loc, msg}`` entries."""
+def validation_detail(exc: ValidationError, where: str, *, name: str | None = None) -> tuple[str, list[dict]]:
+    """Summarise a pydantic error as one sentence plus a list of ``{loc, msg}`` entries.
+
+    ``where`` is the request part (body, query, path); ``name`` names a lone value there.
+    """
     errors = []
     for item in exc.errors(include_url=False, include_context=False, include_input=False):
-        loc = [where, *[str(part) for part in item["loc"]]]
+        loc = [where, *([name] if name else []), *[str(part) for part in item["loc"]]]
         errors.append({"loc": loc, "msg": item["msg"], "type": item["type"]})
+    if name:
+        return f"invalid {name.replace('_', ' ')} in the {where}: {errors[0]['msg']}", errors
     summary = "; ".join(f"{'.'.join(e['loc'][1:]) or where}: {e['msg']}" for e in errors)
     return f"invalid {where}: {summary}", errors
 

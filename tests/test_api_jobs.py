@@ -354,6 +354,9 @@ def test_delete_with_cluster_removes_only_that_cluster(api):
         ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "metadata": ["x"]}, "metadata"),
         ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "artifacts": "x"}, "artifacts"),
         ({"status": 3, "updated_at": "2025-01-26T10:35:00Z"}, "status"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "exit_code": 2**40}, "exit_code"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "metadata": {"cluster": "c" * 256}}, "metadata"),
+        ({"status": "workers", "updated_at": "2025-01-26T10:35:00Z", "metadata": {"cluster": 7}}, "metadata"),
     ],
 )
 def test_bad_put_is_422_and_stores_nothing(api, database, body, field):
@@ -384,6 +387,30 @@ def test_bad_post_is_422_and_stores_nothing(api, database, change, field):
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["loc"] == ["body", field]
     assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize(
+    "body, at",
+    [
+        ({"message": "a\u0000b"}, "message"),
+        ({"metadata": {"log_dir": ["/ok", "/bad\u0000"]}}, "metadata.log_dir.1"),
+        ({"metadata": {"bad\u0000key": 1}}, "metadata.bad\u0000key"),
+    ],
+)
+def test_nul_characters_are_422_not_a_database_error(api, database, body, at):
+    # PostgreSQL text and jsonb refuse NUL; that must be the client's error, on every backend.
+    response = put(api, "nul", **body)
+    assert response.status_code == 422, response.text
+    assert f"text may not contain NUL (\\u0000) characters, found at {at}" in response.json()["detail"]
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize("params", [{"cluster": "a\u0000"}, {"cluster": "c" * 256}])
+def test_bad_cluster_parameter_is_422_everywhere(api, params):
+    for response in (api.get("/api/jobs", params=params), api.get("/api/jobs/1", params=params),
+                     api.get("/api/events", params=params), api.delete("/api/jobs/1", params=params)):
+        assert response.status_code == 422, response.text
+        assert response.json()["errors"][0]["loc"] == ["query", "cluster"]
 
 
 @pytest.mark.parametrize("raw", [b"{bad", b"", b"\xff\xfe", b"[1, 2", b"nul"])

@@ -214,3 +214,9 @@ def test_small_chunked_body_is_read_whole(api):
         yield b'"updated_at": "2025-01-26T10:35:00Z"}'
 
     assert api.put("/api/jobs/1", data=body()).status_code == 200
+
+
+def test_request_without_length_or_body_is_answered_not_left_hanging(api):
+    reply = raw_exchange(api, b"PUT /api/jobs/1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n")
+    assert reply.startswith("HTTP/1.1 400")
+    assert "body is not valid JSON" in reply

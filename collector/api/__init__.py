@@ -22,7 +22,9 @@ M = TypeVar("M", bound=BaseModel)
 def read_body() -> bytes:
     """The whole request body: 413 past the limit, 400 if it arrived short of its length."""
     limit = current_app.config["MAX_CONTENT_LENGTH"]
-    if request.content_length is None:
+    # Only a chunked body: without Content-Length or chunking there is no body at all,
+    # and reading the raw input would wait on the socket for bytes that never come.
+    if request.content_length is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
         # A chunked body has no length for the guard to check up front, and werkzeug
         # would cut it at the limit silently: read one byte past it to tell.
         data = request.environ["wsgi.input"].read(limit + 1)

@@ -40,9 +40,8 @@ def _checked_job_id(job_id: str) -> str:
     try:
         return _JOB_ID.validate_python(job_id)
     except ValidationError as exc:
-        detail, errors = validation_detail(exc, "path")
-        raise Unprocessable(detail.replace("invalid path: ", "invalid job id in the path: "),
-                            extra={"errors": [{**e, "loc": ["path", "job_id"]} for e in errors]}) from None
+        detail, errors = validation_detail(exc, "path", name="job_id")
+        raise Unprocessable(detail, extra={"errors": errors}) from None
 
 
 def _written(result: WriteResult, status: int) -> object:

@@ -22,7 +22,11 @@ def _blank_is_none(value: str | None) -> str | None:
 
 
 # ``?cluster=`` (empty) means "no cluster given", as if the parameter were absent.
-ClusterArg = Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH), AfterValidator(_blank_is_none)]
+# No NUL: PostgreSQL cannot compare text with one, so it would be a database error, not a 422.
+_NO_NUL = r"^[^\x00]*$"
+ClusterArg = Annotated[
+    str | None, Field(default=None, max_length=MAX_ID_LENGTH, pattern=_NO_NUL), AfterValidator(_blank_is_none)
+]
 
 
 class _Query(BaseModel):
@@ -65,4 +69,6 @@ class EventQuery(_Query):
 class FeedQuery(EventQuery):
     """``GET /api/events``: the cursor plus job and cluster filters."""
 
-    job_id: Annotated[str | None, Field(default=None, max_length=MAX_ID_LENGTH), AfterValidator(_blank_is_none)] = None
+    job_id: Annotated[
+        str | None, Field(default=None, max_length=MAX_ID_LENGTH, pattern=_NO_NUL), AfterValidator(_blank_is_none)
+    ] = None

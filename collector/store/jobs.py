@@ -80,7 +80,7 @@ def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
 
 def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     """Create a job in ``submitted``, or complete the identity of an existing one (POST)."""
-    cluster = payload.cluster.strip() if payload.cluster and payload.cluster.strip() else None
+    cluster = payload.cluster
     row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
         row = _new_row(
