@@ -52,8 +52,8 @@ class ServerProcess:
             try:
                 if requests.get(self.url + self.health_path, timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
-                pass
+            except (requests.ConnectionError, requests.Timeout):
+                pass  # not listening yet, or a worker still booting on a loaded machine
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server never became healthy:\n{self.output}")

@@ -94,7 +94,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
             updated_at=payload.submitted_at,
             metadata=payload.metadata or None,
         )
-        return _result(row, writes.save(conn, row, None, None, payload.submitted_at))
+        return _result(row, writes.save(conn, row, None, None, payload.submitted_at, commit=True))
     original = dict(row)
     claim(row, cluster)
     # A late or repeated POST never rewinds status; it only fills in what is missing.
@@ -107,7 +107,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
         row["submitted_at"] = payload.submitted_at
     # Submit-time metadata is older than what the started report sent: keep the newer keys.
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
-    return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at))
+    return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at, commit=True))
 
 
 def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
@@ -151,7 +151,7 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     row["artifacts"] = _merged(row["artifacts"], payload.artifacts)
     row["metadata"] = _merged(row["metadata"], payload.metadata)
     row["updated_at"] = max(row["updated_at"], payload.updated_at)
-    return _result(row, writes.save(conn, row, original, before, payload.updated_at))
+    return _result(row, writes.save(conn, row, original, before, payload.updated_at, commit=True))
 
 
 def _summary_fields(row) -> dict:

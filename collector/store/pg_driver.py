@@ -86,6 +86,22 @@ def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str
         return cursor.fetchall() if cursor.description else []
 
 
+def execute_and_commit(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the transaction's last statement and its COMMIT in one round trip (pipeline mode).
+
+    A writer holds the feed lock from its event insert to COMMIT. Sent separately, the
+    COMMIT waits for this thread to get the GIL back (up to the 5 ms switch interval
+    under load) while every other writer queues on the lock; pipelined, the server
+    releases it as soon as the statement is done. SQLAlchemy's own commit that follows
+    finds the transaction closed and sends nothing.
+    """
+    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor:
+        with driver.pipeline():
+            cursor.execute(sql, params)
+            driver.commit()
+        return cursor.fetchall() if cursor.description else []
+
+
 def locked_job_rows(conn: Connection, namespace: int, job_id: str) -> list[dict[str, Any]]:
     """Take the job id's lock, then read its rows, in one round trip (pipeline mode).
 

@@ -30,17 +30,26 @@ _UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("pk"))
 
 
 def save(
-    conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None, created_at: dt.datetime
+    conn: Connection,
+    row: JobRow,
+    original: JobRow | None,
+    before: Triple | None,
+    created_at: dt.datetime,
+    *,
+    commit: bool = False,
 ) -> JobEventRecord | None:
     """Write ``row`` (inserting it when ``original`` is None), its event and its count.
 
     The event is appended iff (status, stage, message) differs from ``before`` (None for
-    a new row). These are the last statements of the write: the caller commits next.
+    a new row). ``commit`` says nothing follows in this transaction: PostgreSQL then gets
+    the COMMIT in the same round trip (pg_driver.execute_and_commit); SQLite leaves it to
+    the caller as usual.
     """
     if original is None:
         row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
-    save_rest = _save_postgres if is_postgres(conn) else _save_sqlite
-    return save_rest(conn, row, original, before, created_at)
+    if is_postgres(conn):
+        return _save_postgres(conn, row, original, before, created_at, commit)
+    return _save_sqlite(conn, row, original, before, created_at)
 
 
 def _save_sqlite(conn, row, original, before, created_at) -> JobEventRecord | None:
@@ -53,7 +62,7 @@ def _save_sqlite(conn, row, original, before, created_at) -> JobEventRecord | No
     return event
 
 
-def _save_postgres(conn, row, original, before, created_at) -> JobEventRecord | None:
+def _save_postgres(conn, row, original, before, created_at, commit) -> JobEventRecord | None:
     old_key, new_key = _count_key(original), _count_key(row)
     moved = old_key != new_key
     params = {
@@ -69,11 +78,12 @@ def _save_postgres(conn, row, original, before, created_at) -> JobEventRecord | 
         "new_status": new_key[1],
         "new_delta": 1 if moved else 0,
     }
+    execute = pg_driver.execute_and_commit if commit else pg_driver.execute
     triple = (row["status"], row["stage"], row["message"])
     if before == triple:
-        pg_driver.execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
+        execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
         return None
-    (event,) = pg_driver.execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "feed_namespace": FEED_LOCK})
+    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "feed_namespace": FEED_LOCK})
     return events.record(row, event["id"], created_at)
 
 
