@@ -10,8 +10,10 @@ from collector import db
 from collector import errors
 from collector import guard
 from collector import ui
+from collector.api import captures
 from collector.api import events
 from collector.api import jobs
+from collector.api import logs
 from collector.api import system
 from collector.cli import db_group
 from collector.migrations import schema_problem
@@ -29,7 +31,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     guard.init_app(app, settings)
     errors.init_app(app)
     db.init_app(app, db.Database(settings))
-    for blueprint in (system.bp, jobs.bp, events.bp, ui.bp):
+    for blueprint in (system.bp, jobs.bp, logs.bp, captures.bp, events.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
     logger = logging.getLogger("collector")

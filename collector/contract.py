@@ -7,6 +7,7 @@ import enum
 from typing import Annotated
 from typing import Any
 
+from pydantic import AfterValidator
 from pydantic import BaseModel
 from pydantic import BeforeValidator
 from pydantic import ConfigDict
@@ -250,3 +251,107 @@ class DeleteResponse(BaseModel):
     deleted: bool
     job_id: str
     cluster: str | None = None
+
+
+MAX_BLOB_NAME = 4096
+MAX_OFFSET = 2**63 - 1
+
+
+def _safe_relative_path(value: str) -> str:
+    # A name is a key, never opened as a path, but it is shown, downloaded and perhaps
+    # written out by tools: only plain relative paths, the same on every platform.
+    if "\\" in value:
+        raise ValueError("file may not contain backslashes")
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in value):
+        raise ValueError("file may not contain control characters (NUL, newline, ...)")
+    if value.startswith("/"):
+        raise ValueError("file must be a relative path, not absolute")
+    for part in value.split("/"):
+        if part in ("", ".", ".."):
+            raise ValueError("file may not have empty, '.' or '..' path components")
+    return value
+
+
+BlobName = Annotated[str, Field(min_length=1, max_length=MAX_BLOB_NAME), AfterValidator(_safe_relative_path)]
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET)]
+
+
+class LogUploadResponse(BaseModel):
+    """``POST /api/jobs/{job_id}/logs``: ``stored`` is 0 for a resend that added nothing."""
+
+    job_id: str
+    stored: int
+
+
+class LegacyLogChunk(_Payload):
+    """One chunk of the legacy JSON log upload; ``data`` is text, ``size`` its UTF-8 length."""
+
+    file: BlobName
+    offset: Offset
+    size: Annotated[int, Field(ge=0)]
+    data: str
+
+    @model_validator(mode="after")
+    def _size_matches(self) -> "LegacyLogChunk":
+        if len(self.data.encode()) != self.size:
+            raise ValueError(f"size {self.size} is not the UTF-8 length of data ({len(self.data.encode())} bytes)")
+        return self
+
+
+class LegacyLogMetadata(_Payload):
+    cluster: ClusterName = None
+
+
+class LegacyLogPayload(_Payload):
+    """The legacy JSON form of a log upload."""
+
+    chunks: list[LegacyLogChunk]
+    metadata: LegacyLogMetadata | None = None
+
+
+class LogFile(BaseModel):
+    """A streamed log file: ``size`` is the bytes received contiguously from 0."""
+
+    file: str
+    size: int
+    final: bool
+    updated_at: OutTimestamp
+
+
+class LogFileList(BaseModel):
+    job_id: str
+    cluster: str | None
+    files: list[LogFile]
+
+
+class LogContent(BaseModel):
+    """Decoded text of a log from ``offset``; poll again from ``next_offset``."""
+
+    job_id: str
+    file: str
+    offset: int
+    next_offset: int
+    data: str
+    size: int
+    final: bool
+
+
+class CaptureUploadResponse(BaseModel):
+    """``POST /api/jobs/{job_id}/captures``."""
+
+    job_id: str
+    next_offset: int
+    complete: bool
+
+
+class CaptureFile(BaseModel):
+    file: str
+    size: int
+    complete: bool
+    updated_at: OutTimestamp
+
+
+class CaptureFileList(BaseModel):
+    job_id: str
+    cluster: str | None
+    files: list[CaptureFile]

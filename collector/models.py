@@ -1,4 +1,4 @@
-"""The schema: typed SQLAlchemy models for jobs and their lifecycle events."""
+"""The schema: typed SQLAlchemy models for jobs, their lifecycle events and streamed blobs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from sqlalchemy import DateTime
 from sqlalchemy import ForeignKey
 from sqlalchemy import Index
 from sqlalchemy import Integer
+from sqlalchemy import LargeBinary
 from sqlalchemy import MetaData
 from sqlalchemy import String
 from sqlalchemy import Text
@@ -133,3 +134,43 @@ class JobCount(Base):
     cluster: Mapped[str] = mapped_column(String(255), primary_key=True)
     status: Mapped[str] = mapped_column(String(32), primary_key=True)
     jobs: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class BlobFile(Base):
+    """One streamed log file or capture segment of a job: its name, progress and state.
+
+    Logs and captures share these tables (``kind``), not their rules (store/logs.py,
+    store/captures.py). ``size`` is the contiguous byte count from offset 0;
+    ``total`` is a capture segment's declared length (null for logs); ``done`` is a
+    log's final flag or a segment's completeness; ``final_size`` where a log was marked
+    final; ``sha256`` a complete segment's checksum.
+    """
+
+    __tablename__ = "blob_files"
+    __table_args__ = (
+        # Names may be 4096 characters, past what a btree entry holds: key on their hash.
+        UniqueConstraint("job_pk", "kind", "name_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(8))
+    name: Mapped[str] = mapped_column(Text)
+    name_key: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    total: Mapped[int | None] = mapped_column(BigInteger)
+    final_size: Mapped[int | None] = mapped_column(BigInteger)
+    done: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class BlobChunk(Base):
+    """Bytes ``[start_offset, end_offset)`` of a blob file; chunks of a file never overlap."""
+
+    __tablename__ = "blob_chunks"
+
+    file_id: Mapped[int] = mapped_column(ForeignKey("blob_files.id", ondelete="CASCADE"), primary_key=True)
+    start_offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

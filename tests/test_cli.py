@@ -144,4 +144,4 @@ def test_db_downgrade_takes_a_relative_revision(new_database):
     result = run(collector_command("db", "downgrade", "--db", url, "-1"), child_env())
     assert result.returncode == 0, result.stderr
     current = run(collector_command("db", "current", "--db", url), child_env())
-    assert current.stdout.startswith("0001 (behind")
+    assert current.stdout.startswith("0002 (behind")

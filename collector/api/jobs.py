@@ -5,16 +5,14 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint
-from pydantic import TypeAdapter
-from pydantic import ValidationError
 
+from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
 from collector.api import respond
 from collector.api.queries import ClusterQuery
 from collector.api.queries import EventQuery
 from collector.api.queries import JobListQuery
-from collector.contract import Identifier
 from collector.contract import DeleteResponse
 from collector.contract import JobCreatePayload
 from collector.contract import JobEventListResponse
@@ -22,26 +20,12 @@ from collector.contract import JobListResponse
 from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
 from collector.db import transaction
-from collector.errors import Unprocessable
-from collector.errors import validation_detail
 from collector.store import events as event_store
 from collector.store import jobs as job_store
 from collector.store.jobs import WriteResult
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
 log = logging.getLogger("collector.jobs")
-
-
-_JOB_ID = TypeAdapter(Identifier)
-
-
-def _checked_job_id(job_id: str) -> str:
-    """The path's job id, held to the same rule as a POSTed one."""
-    try:
-        return _JOB_ID.validate_python(job_id)
-    except ValidationError as exc:
-        detail, errors = validation_detail(exc, "path", name="job_id")
-        raise Unprocessable(detail, extra={"errors": errors}) from None
 
 
 def _written(result: WriteResult, status: int) -> object:
@@ -68,7 +52,7 @@ def create_job():
 @bp.put("/<job_id>")
 def update_job(job_id: str):
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
-    _checked_job_id(job_id)
+    checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
     return _written(transaction(lambda conn: job_store.update(conn, job_id, payload), write=True), 200)
 
@@ -77,7 +61,7 @@ def update_job(job_id: str):
 def get_job(job_id: str):
     """One job with its events."""
     query = parse_query(ClusterQuery)
-    job_id = _checked_job_id(job_id)
+    job_id = checked_job_id(job_id)
     return respond(transaction(lambda conn: job_store.detail(conn, job_id, query.cluster)))
 
 
@@ -101,7 +85,7 @@ def list_jobs():
 def job_events(job_id: str):
     """One job's events after a cursor."""
     query = parse_query(EventQuery)
-    job_id = _checked_job_id(job_id)
+    job_id = checked_job_id(job_id)
 
     def read(conn):
         job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
@@ -119,7 +103,7 @@ def job_events(job_id: str):
 def delete_job(job_id: str):
     """Remove a job and everything stored under it."""
     query = parse_query(ClusterQuery)
-    job_id = _checked_job_id(job_id)
+    job_id = checked_job_id(job_id)
     cluster = transaction(lambda conn: job_store.remove(conn, job_id, query.cluster), write=True)
     log.info("job %s%s deleted", f"{cluster}/" if cluster else "", job_id)
     return respond(DeleteResponse(deleted=True, job_id=job_id, cluster=cluster))

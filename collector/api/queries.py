@@ -10,7 +10,9 @@ from pydantic import ConfigDict
 from pydantic import Field
 
 from collector.contract import MAX_ID_LENGTH
+from collector.contract import BlobName
 from collector.contract import JobStatus
+from collector.contract import Offset
 
 MAX_PER_PAGE = 100
 MAX_EVENT_LIMIT = 1000
@@ -72,3 +74,26 @@ class FeedQuery(EventQuery):
     job_id: Annotated[
         str | None, Field(default=None, max_length=MAX_ID_LENGTH, pattern=_NO_NUL), AfterValidator(_blank_is_none)
     ] = None
+
+
+class LogUploadQuery(ClusterQuery):
+    """``POST /api/jobs/{id}/logs`` with a raw body."""
+
+    file: BlobName
+    offset: Offset
+    final: bool = False
+
+
+class BlobReadQuery(ClusterQuery):
+    """``GET`` of a job's logs or captures: the listing without ``file``, else that file."""
+
+    file: BlobName | None = None
+    offset: Offset = 0
+
+
+class CaptureUploadQuery(ClusterQuery):
+    """``POST /api/jobs/{id}/captures``: one sequential chunk of a fixed-size segment."""
+
+    file: BlobName
+    offset: Offset
+    total: Offset

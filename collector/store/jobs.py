@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 from sqlalchemy import delete
 from sqlalchemy import select
@@ -152,6 +153,24 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     row["metadata"] = _merged(row["metadata"], payload.metadata)
     row["updated_at"] = max(row["updated_at"], payload.updated_at)
     return _result(row, writes.save(conn, row, original, before, payload.updated_at, commit=True))
+
+
+def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime) -> tuple[int, str | None]:
+    """The job a blob upload lands on (primary key, wire cluster), as a PUT would resolve it.
+
+    A job with no row yet gets a placeholder in ``submitted``; a cluster named by the
+    upload claims a cluster-less row. Holds the job id's write lock until commit.
+    """
+    row = find_for_write(conn, job_id, cluster)
+    if row is None:
+        row = _new_row(cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=placeholder_name(job_id),
+                       is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now)
+        writes.save(conn, row, None, None, now)
+    elif cluster and row["cluster"] == NO_CLUSTER:
+        original = dict(row)
+        claim(row, cluster)
+        writes.save(conn, row, original, _triple(row), now)
+    return row["id"], wire_cluster(row["cluster"])
 
 
 def _summary_fields(row) -> dict:

@@ -1,0 +1,76 @@
+"""``/api/jobs/{job_id}/captures``: Parquet segments in, verbatim downloads out."""
+
+from __future__ import annotations
+
+import datetime as dt
+from urllib.parse import quote
+
+from flask import Blueprint
+from flask import Response
+
+from collector.api import checked_job_id
+from collector.api import parse_query
+from collector.api import read_chunk
+from collector.api import respond
+from collector.api.queries import BlobReadQuery
+from collector.api.queries import CaptureUploadQuery
+from collector.contract import CaptureFile
+from collector.contract import CaptureFileList
+from collector.contract import CaptureUploadResponse
+from collector.db import get_db
+from collector.db import transaction
+from collector.store import blobs
+from collector.store import captures as capture_store
+from collector.store import jobs as job_store
+
+bp = Blueprint("captures", __name__, url_prefix="/api/jobs")
+
+
+@bp.post("/<job_id>/captures")
+def upload_capture(job_id: str):
+    """Store one sequential chunk of a capture segment."""
+    job_id = checked_job_id(job_id)
+    query = parse_query(CaptureUploadQuery)
+    data = read_chunk()
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def store(conn):
+        job_pk, _ = job_store.ensure(conn, job_id, query.cluster, now)
+        return capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
+
+    next_offset, complete = transaction(store, write=True)
+    return respond(CaptureUploadResponse(job_id=job_id, next_offset=next_offset, complete=complete))
+
+
+@bp.get("/<job_id>/captures")
+def read_captures(job_id: str):
+    """Without ``file``, the job's segments; with it, a complete segment's bytes."""
+    job_id = checked_job_id(job_id)
+    query = parse_query(BlobReadQuery)
+    if query.file is not None:
+        return _download(job_id, query.cluster, query.file)
+
+    def listing(conn):
+        job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
+        return CaptureFileList(job_id=job_id, cluster=cluster, files=[
+            CaptureFile(file=f["name"], size=f["size"], complete=f["done"], updated_at=f["updated_at"])
+            for f in capture_store.files(conn, job_pk)
+        ])
+
+    return respond(transaction(listing))
+
+
+def _download(job_id: str, cluster: str | None, name: str) -> Response:
+    segment = transaction(
+        lambda conn: capture_store.complete_segment(conn, job_store.resolve(conn, job_id, cluster)[0], name)
+    )
+    # A chunk per short transaction: memory and pool use stay flat for a segment of any size.
+    return Response(
+        blobs.stream(get_db().run, segment["id"], segment["size"]),
+        mimetype="application/octet-stream",
+        headers={
+            "Content-Length": str(segment["size"]),
+            "X-Checksum-SHA256": segment["sha256"],
+            "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}",
+        },
+    )

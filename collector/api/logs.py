@@ -1,0 +1,67 @@
+"""``/api/jobs/{job_id}/logs``: streamed log bytes in, tailing text reads out."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from flask import Blueprint
+from flask import request
+
+from collector.api import checked_job_id
+from collector.api import parse_body
+from collector.api import parse_query
+from collector.api import read_chunk
+from collector.api import respond
+from collector.api.queries import BlobReadQuery
+from collector.api.queries import LogUploadQuery
+from collector.contract import LegacyLogPayload
+from collector.contract import LogContent
+from collector.contract import LogFile
+from collector.contract import LogFileList
+from collector.contract import LogUploadResponse
+from collector.db import transaction
+from collector.store import jobs as job_store
+from collector.store import logs as log_store
+
+bp = Blueprint("logs", __name__, url_prefix="/api/jobs")
+
+
+@bp.post("/<job_id>/logs")
+def upload_logs(job_id: str):
+    """Store log bytes at their source offset (raw body, or the legacy JSON chunk list)."""
+    job_id = checked_job_id(job_id)
+    now = dt.datetime.now(dt.timezone.utc)
+    if request.mimetype == "application/json":
+        legacy = parse_body(LegacyLogPayload)
+        cluster = (legacy.metadata.cluster if legacy.metadata else None) or parse_query(BlobReadQuery).cluster
+        chunks = [(c.file, c.offset, c.data.encode(), False) for c in legacy.chunks]
+    else:
+        query = parse_query(LogUploadQuery)
+        cluster = query.cluster
+        chunks = [(query.file, query.offset, read_chunk(), query.final)]
+
+    def store(conn) -> bool:
+        job_pk, _ = job_store.ensure(conn, job_id, cluster, now)
+        stored = [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
+                  for name, offset, data, final in chunks]
+        return any(stored)
+
+    return respond(LogUploadResponse(job_id=job_id, stored=int(transaction(store, write=True))))
+
+
+@bp.get("/<job_id>/logs")
+def read_logs(job_id: str):
+    """Without ``file``, the job's log files; with it, text from ``offset``."""
+    job_id = checked_job_id(job_id)
+    query = parse_query(BlobReadQuery)
+
+    def read(conn):
+        job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
+        if query.file is None:
+            return LogFileList(job_id=job_id, cluster=cluster, files=[
+                LogFile(file=f["name"], size=f["size"], final=f["done"], updated_at=f["updated_at"])
+                for f in log_store.files(conn, job_pk)
+            ])
+        return LogContent(job_id=job_id, **log_store.read(conn, job_pk, query.file, query.offset))
+
+    return respond(transaction(read))

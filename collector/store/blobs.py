@@ -1,0 +1,141 @@
+"""Large-object tables: a job's blob files and their byte chunks, shared by logs and captures.
+
+A file row holds progress (``size``: bytes contiguous from 0) and state; chunk rows hold
+``[start_offset, end_offset)`` of its bytes and never overlap, so any byte range is read
+from the primary key alone, touching only the chunks that hold it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy import bindparam
+from sqlalchemy import insert
+from sqlalchemy import select
+from sqlalchemy import union_all
+from sqlalchemy import update
+
+from collector.models import BlobChunk
+from collector.models import BlobFile
+
+LOG = "log"
+CAPTURE = "capture"
+FILES = BlobFile.__table__
+CHUNKS = BlobChunk.__table__
+FileRow = dict[str, Any]
+
+_FILE = select(FILES).where(
+    FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind"), FILES.c.name_key == bindparam("key")
+)
+_FILES_OF_JOB = (
+    select(FILES).where(FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind")).order_by(FILES.c.name)
+)
+_chunk_columns = (CHUNKS.c.start_offset, CHUNKS.c.end_offset, CHUNKS.c.data)
+# The chunks overlapping [lo, hi): the one starting at or before lo, then those starting
+# inside the range. Both halves are primary-key range scans bounded by the range.
+_HOLDING = select(*_chunk_columns).where(
+    CHUNKS.c.file_id == bindparam("file_id"), CHUNKS.c.start_offset <= bindparam("lo")
+).order_by(CHUNKS.c.start_offset.desc()).limit(1)
+_STARTING_INSIDE = select(*_chunk_columns).where(
+    CHUNKS.c.file_id == bindparam("file_id"),
+    CHUNKS.c.start_offset > bindparam("lo"),
+    CHUNKS.c.start_offset < bindparam("hi"),
+)
+_OVERLAPPING = union_all(_HOLDING.subquery().select(), _STARTING_INSIDE).subquery()
+_OVERLAPPING_ORDERED = select(_OVERLAPPING).order_by(_OVERLAPPING.c.start_offset)
+_CHUNK_AT_OR_AFTER = select(*_chunk_columns).where(
+    CHUNKS.c.file_id == bindparam("file_id"), CHUNKS.c.start_offset >= bindparam("lo")
+).order_by(CHUNKS.c.start_offset).limit(1)
+_INSERT_CHUNK = insert(CHUNKS)
+_UPDATE_FILE = update(FILES).where(FILES.c.id == bindparam("pk"))
+
+
+def name_key(name: str) -> str:
+    """The unique key of a file name (names run to 4096 characters, past a btree entry)."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def find_file(conn: Connection, job_pk: int, kind: str, name: str) -> FileRow | None:
+    """The file row of ``name``, or None."""
+    row = conn.execute(_FILE, {"job_pk": job_pk, "kind": kind, "key": name_key(name)}).mappings().first()
+    return None if row is None else dict(row)
+
+
+def create_file(conn: Connection, job_pk: int, kind: str, name: str, now: dt.datetime, *,
+                total: int | None = None) -> FileRow:
+    """Insert an empty file row and return it."""
+    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "total": total,
+           "final_size": None, "done": False, "sha256": None, "updated_at": now}
+    row["id"] = conn.execute(insert(FILES).returning(FILES.c.id), row).scalar_one()
+    return row
+
+
+def update_file(conn: Connection, row: FileRow, **changes: Any) -> None:
+    """Write ``changes`` to the file row (and to ``row``)."""
+    row.update(changes)
+    conn.execute(_UPDATE_FILE, {"pk": row["id"], **changes})
+
+
+def files_of(conn: Connection, job_pk: int, kind: str) -> list[FileRow]:
+    """A job's files of one kind, by name."""
+    return [dict(r) for r in conn.execute(_FILES_OF_JOB, {"job_pk": job_pk, "kind": kind}).mappings()]
+
+
+def overlapping(conn: Connection, file_id: int, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+    """``(start, end, data)`` of the chunks holding any byte of ``[lo, hi)``, in order."""
+    rows = conn.execute(_OVERLAPPING_ORDERED, {"file_id": file_id, "lo": lo, "hi": hi})
+    return [(start, end, bytes(data)) for start, end, data in rows if end > lo and start < hi]
+
+
+def insert_chunk(conn: Connection, file_id: int, start: int, data: bytes) -> None:
+    """Store ``data`` at ``start``; the caller has checked that no chunk overlaps it."""
+    conn.execute(_INSERT_CHUNK, {"file_id": file_id, "start_offset": start, "end_offset": start + len(data),
+                                 "data": data})
+
+
+def chunk_at_or_after(conn: Connection, file_id: int, pos: int) -> tuple[int, int, bytes] | None:
+    """The first chunk starting at or after ``pos``."""
+    row = conn.execute(_CHUNK_AT_OR_AFTER, {"file_id": file_id, "lo": pos}).first()
+    return None if row is None else (row[0], row[1], bytes(row[2]))
+
+
+def contiguous_end(conn: Connection, file_id: int, size: int) -> int:
+    """How far the bytes run without a gap from ``size`` (a known contiguous end)."""
+    while (chunk := chunk_at_or_after(conn, file_id, size)) is not None and chunk[0] == size:
+        size = chunk[1]
+    return size
+
+
+def read_range(conn: Connection, file_id: int, lo: int, hi: int) -> bytes:
+    """Bytes ``[lo, hi)`` of a file whose bytes are contiguous there."""
+    parts = [data[max(lo - start, 0):hi - start] for start, _end, data in overlapping(conn, file_id, lo, hi)]
+    return b"".join(parts)
+
+
+def checksum(conn: Connection, file_id: int) -> str:
+    """SHA-256 of a file's bytes, read one chunk at a time."""
+    digest, pos = hashlib.sha256(), 0
+    while (chunk := chunk_at_or_after(conn, file_id, pos)) is not None:
+        digest.update(chunk[2])
+        pos = chunk[1]
+    return digest.hexdigest()
+
+
+def stream(run: Callable[[Callable[[Connection], Any]], Any], file_id: int, size: int) -> Iterator[bytes]:
+    """A file's bytes up to ``size``, one chunk per short transaction.
+
+    ``run`` is ``Database.run``: a download of any length holds one chunk in memory and no
+    database connection between chunks, so a slow client cannot pin the pool.
+    """
+    pos = 0
+    while pos < size:
+        chunk = run(lambda conn: chunk_at_or_after(conn, file_id, pos))
+        if chunk is None or chunk[0] != pos:
+            return  # deleted while streaming: end short, the client sees Content-Length unmet
+        yield chunk[2][: size - pos]
+        pos = chunk[1]

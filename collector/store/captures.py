@@ -1,0 +1,69 @@
+"""Capture segments: fixed-size immutable files (Tachometer ``out-N.parquet``) uploaded in order.
+
+Chunks arrive sequentially from offset 0 toward a declared ``total``; exact retries are
+idempotent, anything else that disagrees with the stored segment is a conflict. The
+bytes are stored verbatim and checksummed once the last one arrives.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Connection
+
+from collector.errors import Conflict
+from collector.errors import NotFound
+from collector.errors import Unprocessable
+from collector.store import blobs
+
+
+def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, data: bytes, *,
+           now: dt.datetime) -> tuple[int, bool]:
+    """Store one chunk; returns ``(next_offset, complete)`` as the reporter checks them.
+
+    For an exact retry of an earlier chunk that is ``(offset + len, complete and it was
+    the last chunk)``, so a reporter that lost an answer gets the one it expected.
+    """
+    end = offset + len(data)
+    if end > total:
+        raise Unprocessable(f"bytes {offset}-{end} of {name} run past its total of {total}")
+    file = blobs.find_file(conn, job_pk, blobs.CAPTURE, name)
+    if file is None:
+        file = blobs.create_file(conn, job_pk, blobs.CAPTURE, name, now, total=total)
+    elif file["total"] != total:
+        raise Conflict(f"segment {name} was started with total {file['total']}, not {total}",
+                       extra={"file": name, "total": file["total"]})
+    size = file["size"]
+    if offset < size or (offset == size and file["done"]):
+        stored = blobs.chunk_at_or_after(conn, file["id"], offset)
+        exact = stored is not None and stored[0] == offset and stored[1] == end and stored[2] == data
+        if not exact and not (len(data) == 0 and offset == size):
+            raise Conflict(f"bytes {offset}-{end} of {name} differ from the stored segment, which holds "
+                           f"{size} of {total} bytes", extra={"file": name, "next_offset": size})
+        return end, file["done"] and end == total
+    if offset > size:
+        raise Conflict(f"segment {name} continues at offset {size}, not {offset}",
+                       extra={"file": name, "next_offset": size})
+    if data:
+        blobs.insert_chunk(conn, file["id"], offset, data)
+    complete = end == total
+    changes = {"size": end, "done": complete}
+    if complete:
+        changes["sha256"] = blobs.checksum(conn, file["id"])
+    blobs.update_file(conn, file, updated_at=now, **changes)
+    return end, complete
+
+
+def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:
+    """The job's capture segments, complete or not."""
+    return blobs.files_of(conn, job_pk, blobs.CAPTURE)
+
+
+def complete_segment(conn: Connection, job_pk: int, name: str) -> blobs.FileRow:
+    """The file row of a complete segment; 404 while it is missing or partial."""
+    file = blobs.find_file(conn, job_pk, blobs.CAPTURE, name)
+    if file is None:
+        raise NotFound(f"no capture segment {name!r} for this job")
+    if not file["done"]:
+        raise NotFound(f"capture segment {name!r} is partial: {file['size']} of {file['total']} bytes stored")
+    return file

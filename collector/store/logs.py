@@ -1,0 +1,88 @@
+"""Streamed log files: append-only bytes at source offsets, read back as UTF-8 text.
+
+Uploads may repeat, overlap and (after an uploader restart) leave gaps; identical bytes
+are never stored twice and different bytes for a stored range are a conflict. Text is
+decoded at read time, so a character split across uploads reads whole.
+"""
+
+from __future__ import annotations
+
+import codecs
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Connection
+
+from collector.errors import Conflict
+from collector.errors import NotFound
+from collector.store import blobs
+
+# A read returns at most this many bytes of the file (the reporter's chunk size).
+MAX_READ_BYTES = 1024 * 1024
+
+
+def _range_conflict(name: str, lo: int, hi: int, why: str) -> Conflict:
+    return Conflict(f"bytes {lo}-{hi} of {name} {why}", extra={"file": name, "range": [lo, hi]})
+
+
+def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *, final: bool,
+           now: dt.datetime) -> bool:
+    """Store the new bytes of ``data`` at ``offset``; True if anything changed.
+
+    Ranges in the errors are half-open, ``[lo, hi)``.
+    """
+    end = offset + len(data)
+    file = blobs.find_file(conn, job_pk, blobs.LOG, name) or blobs.create_file(conn, job_pk, blobs.LOG, name, now)
+    final_size = file["final_size"]
+    if final_size is not None and end > final_size:
+        raise _range_conflict(name, max(offset, final_size), end, f"lie past the end it was finalized at ({final_size})")
+
+    new_ranges, pos, reach = [], offset, end
+    for start, stop, stored in blobs.overlapping(conn, file["id"], offset, end):
+        lo, hi = max(start, offset), min(stop, end)
+        if stored[lo - start:hi - start] != data[lo - offset:hi - offset]:
+            raise _range_conflict(name, lo, hi, "differ from the bytes already stored there")
+        if lo > pos:
+            new_ranges.append((pos, lo))
+        pos, reach = max(pos, hi), max(reach, stop)
+    if pos < end:
+        new_ranges.append((pos, end))
+
+    changes: dict[str, Any] = {}
+    if final and final_size is None:
+        if reach > end or blobs.chunk_at_or_after(conn, file["id"], end) is not None:
+            raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
+                           extra={"file": name})
+        changes.update(final_size=end, done=True)
+    for lo, hi in new_ranges:
+        blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
+    if new_ranges and new_ranges[0][0] <= file["size"]:
+        changes["size"] = blobs.contiguous_end(conn, file["id"], file["size"])
+    if changes:
+        blobs.update_file(conn, file, updated_at=now, **changes)
+    return bool(changes or new_ranges)
+
+
+def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:
+    """The job's log files with bytes received so far."""
+    return blobs.files_of(conn, job_pk, blobs.LOG)
+
+
+def read(conn: Connection, job_pk: int, name: str, offset: int) -> dict[str, Any]:
+    """Up to MAX_READ_BYTES of ``name`` from ``offset``, decoded; ``next_offset`` resumes it.
+
+    An incomplete character at the end is withheld (``next_offset`` stops before it)
+    until its bytes arrive, or decodes as U+FFFD once the file is final and complete.
+    """
+    file = blobs.find_file(conn, job_pk, blobs.LOG, name)
+    if file is None:
+        raise NotFound(f"no log file {name!r} for this job")
+    size = file["size"]
+    end = min(size, offset + MAX_READ_BYTES) if offset < size else offset
+    raw = blobs.read_range(conn, file["id"], offset, end) if end > offset else b""
+    at_eof = file["final_size"] is not None and end >= file["final_size"]
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(raw, final=at_eof)
+    pending = len(decoder.getstate()[0])
+    return {"file": name, "offset": offset, "next_offset": end - pending, "data": text, "size": size,
+            "final": file["done"]}
