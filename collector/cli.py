@@ -1,4 +1,4 @@
-"""The ``collector`` command: ``serve`` and ``db`` (also reachable as ``flask --app collector db``)."""
+"""The ``collector`` command: ``serve``, ``prune`` and ``db`` (also reachable as ``flask --app collector db``)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,43 @@ def recount(db) -> None:
     finally:
         engine.dispose()
     click.echo("job counts rebuilt")
+
+
+@main.command()
+@click.option("--older-than", "days", type=click.FloatRange(min=0), required=True, metavar="DAYS",
+              help="Prune jobs finished (last updated) more than DAYS days ago.")
+@click.option("--cluster", default=None, help="Only jobs of this cluster.")
+@click.option("--status", type=click.Choice(["completed", "failed"]), default=None,
+              help="Only jobs in this status (default: both finished statuses).")
+@click.option("--logs-only", is_flag=True, help="Keep the jobs and their events; delete only logs and captures.")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed and remove nothing.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Jobs per transaction; writers get the database between batches.")
+@db_option
+def prune(days, cluster, status, logs_only, dry_run, batch_size, db) -> None:
+    """Delete finished jobs (or only their logs and captures) older than a cutoff."""
+    import datetime as dt
+
+    from collector.db import Database
+    from collector.store import retention
+
+    selection = retention.Selection(
+        cutoff=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days),
+        cluster=cluster,
+        statuses=(status,) if status else retention.FINISHED,
+        logs_only=logs_only,
+    )
+    database = Database(Settings.from_env(database_url=_database_url(db)))
+    try:
+        pruned = retention.prune(database.run, selection, dry_run=dry_run, batch_size=batch_size)
+    finally:
+        database.dispose()
+    verb = "would remove" if dry_run else "removed"
+    blobs = f"{pruned.files} log/capture files ({pruned.bytes} bytes)"
+    if logs_only:
+        click.echo(f"{verb} {blobs} of {pruned.jobs} jobs finished before {selection.cutoff.isoformat()}")
+    else:
+        click.echo(f"{verb} {pruned.jobs} jobs finished before {selection.cutoff.isoformat()}, with {blobs}")
 
 
 def _ensure_sqlite_dir(url: str) -> None:

@@ -10,6 +10,8 @@ import requests
 from tests.processes import ROOT
 from tests.processes import ServerProcess
 from tests.processes import child_env
+from tests.processes import collector_command
+from tests.processes import run
 
 CONFIG = ROOT / "deploy" / "gunicorn.conf.py"
 
@@ -54,3 +56,17 @@ def test_log_level_variable_reaches_collector_logs(database):
     # the collector's per-transition INFO line must be gone.
     assert "job loglevel-1 -> workers" not in server.output
     assert "/api/jobs/loglevel-1\" 200" in server.output  # collector.access keeps its own level
+
+
+def test_prune_timer_runs_the_prune_unit_with_the_collector_environment(database):
+    service = (ROOT / "deploy" / "collector-prune.service").read_text()
+    timer = (ROOT / "deploy" / "collector-prune.timer").read_text()
+    assert "EnvironmentFile=/etc/collector/collector.env" in service
+    assert "OnCalendar=*-*-* 03:15:00" in timer and "WantedBy=timers.target" in timer
+    # The unit's command line is one this collector accepts.
+    exec_start = next(line for line in service.splitlines() if line.startswith("ExecStart="))
+    program, *args = exec_start.removeprefix("ExecStart=").split()
+    assert program == "/opt/collector/venv/bin/collector"
+    result = run(collector_command(*args, "--dry-run", "--db", database.url), child_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("would remove 0 jobs finished before ")
