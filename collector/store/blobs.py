@@ -20,6 +20,8 @@ from sqlalchemy import select
 from sqlalchemy import union_all
 from sqlalchemy import update
 
+from collector.contract import MAX_OFFSET
+from collector.errors import Unprocessable
 from collector.models import BlobChunk
 from collector.models import BlobFile
 
@@ -36,23 +38,41 @@ _FILES_OF_JOB = (
     select(FILES).where(FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind")).order_by(FILES.c.name)
 )
 _chunk_columns = (CHUNKS.c.start_offset, CHUNKS.c.end_offset, CHUNKS.c.data)
-# The chunks overlapping [lo, hi): the one starting at or before lo, then those starting
-# inside the range. Both halves are primary-key range scans bounded by the range.
-_HOLDING = select(*_chunk_columns).where(
-    CHUNKS.c.file_id == bindparam("file_id"), CHUNKS.c.start_offset <= bindparam("lo")
-).order_by(CHUNKS.c.start_offset.desc()).limit(1)
-_STARTING_INSIDE = select(*_chunk_columns).where(
-    CHUNKS.c.file_id == bindparam("file_id"),
-    CHUNKS.c.start_offset > bindparam("lo"),
-    CHUNKS.c.start_offset < bindparam("hi"),
+_IN_FILE = CHUNKS.c.file_id == bindparam("file_id")
+# The chunks overlapping [lo, hi): the one holding lo, then those starting inside the
+# range. Each half is a primary-key range scan bounded by the range; the holding one is
+# found by its start alone, so a chunk that ends before lo is never read (or detoasted).
+_HOLDING_START = (
+    select(CHUNKS.c.start_offset).where(_IN_FILE, CHUNKS.c.start_offset <= bindparam("lo"))
+    .order_by(CHUNKS.c.start_offset.desc()).limit(1).scalar_subquery()
 )
-_OVERLAPPING = union_all(_HOLDING.subquery().select(), _STARTING_INSIDE).subquery()
+_HOLDING = select(*_chunk_columns).where(
+    _IN_FILE, CHUNKS.c.start_offset == _HOLDING_START, CHUNKS.c.end_offset > bindparam("lo")
+)
+_STARTING_INSIDE = select(*_chunk_columns).where(
+    _IN_FILE, CHUNKS.c.start_offset > bindparam("lo"), CHUNKS.c.start_offset < bindparam("hi")
+)
+_OVERLAPPING = union_all(_HOLDING, _STARTING_INSIDE).subquery()
 _OVERLAPPING_ORDERED = select(_OVERLAPPING).order_by(_OVERLAPPING.c.start_offset)
-_CHUNK_AT_OR_AFTER = select(*_chunk_columns).where(
-    CHUNKS.c.file_id == bindparam("file_id"), CHUNKS.c.start_offset >= bindparam("lo")
-).order_by(CHUNKS.c.start_offset).limit(1)
+_FIRST_AT_OR_AFTER = select(*_chunk_columns).where(_IN_FILE, CHUNKS.c.start_offset >= bindparam("lo")).order_by(
+    CHUNKS.c.start_offset
+).limit(1)
+_BOUNDS_AT_OR_AFTER = (
+    select(CHUNKS.c.start_offset, CHUNKS.c.end_offset)
+    .where(_IN_FILE, CHUNKS.c.start_offset >= bindparam("lo"))
+    .order_by(CHUNKS.c.start_offset)
+    .limit(1)
+)
 _INSERT_CHUNK = insert(CHUNKS)
 _UPDATE_FILE = update(FILES).where(FILES.c.id == bindparam("pk"))
+
+
+def end_of(name: str, offset: int, data: bytes) -> int:
+    """Where ``data`` at ``offset`` ends; 422 past the largest offset a BIGINT holds."""
+    end = offset + len(data)
+    if end > MAX_OFFSET:
+        raise Unprocessable(f"bytes of {name} at offset {offset} would end at {end}, past the largest offset {MAX_OFFSET}")
+    return end
 
 
 def name_key(name: str) -> str:
@@ -89,7 +109,7 @@ def files_of(conn: Connection, job_pk: int, kind: str) -> list[FileRow]:
 def overlapping(conn: Connection, file_id: int, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
     """``(start, end, data)`` of the chunks holding any byte of ``[lo, hi)``, in order."""
     rows = conn.execute(_OVERLAPPING_ORDERED, {"file_id": file_id, "lo": lo, "hi": hi})
-    return [(start, end, bytes(data)) for start, end, data in rows if end > lo and start < hi]
+    return [(start, end, bytes(data)) for start, end, data in rows]
 
 
 def insert_chunk(conn: Connection, file_id: int, start: int, data: bytes) -> None:
@@ -100,14 +120,20 @@ def insert_chunk(conn: Connection, file_id: int, start: int, data: bytes) -> Non
 
 def chunk_at_or_after(conn: Connection, file_id: int, pos: int) -> tuple[int, int, bytes] | None:
     """The first chunk starting at or after ``pos``."""
-    row = conn.execute(_CHUNK_AT_OR_AFTER, {"file_id": file_id, "lo": pos}).first()
+    row = conn.execute(_FIRST_AT_OR_AFTER, {"file_id": file_id, "lo": pos}).first()
     return None if row is None else (row[0], row[1], bytes(row[2]))
+
+
+def bounds_at_or_after(conn: Connection, file_id: int, pos: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the first chunk starting at or after ``pos``, without its bytes."""
+    row = conn.execute(_BOUNDS_AT_OR_AFTER, {"file_id": file_id, "lo": pos}).first()
+    return None if row is None else (row[0], row[1])
 
 
 def contiguous_end(conn: Connection, file_id: int, size: int) -> int:
     """How far the bytes run without a gap from ``size`` (a known contiguous end)."""
-    while (chunk := chunk_at_or_after(conn, file_id, size)) is not None and chunk[0] == size:
-        size = chunk[1]
+    while (bounds := bounds_at_or_after(conn, file_id, size)) is not None and bounds[0] == size:
+        size = bounds[1]
     return size
 
 

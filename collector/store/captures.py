@@ -24,7 +24,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
     For an exact retry of an earlier chunk that is ``(offset + len, complete and it was
     the last chunk)``, so a reporter that lost an answer gets the one it expected.
     """
-    end = offset + len(data)
+    end = blobs.end_of(name, offset, data)
     if end > total:
         raise Unprocessable(f"bytes {offset}-{end} of {name} run past its total of {total}")
     file = blobs.find_file(conn, job_pk, blobs.CAPTURE, name)

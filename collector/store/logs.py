@@ -31,7 +31,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
 
     Ranges in the errors are half-open, ``[lo, hi)``.
     """
-    end = offset + len(data)
+    end = blobs.end_of(name, offset, data)
     file = blobs.find_file(conn, job_pk, blobs.LOG, name) or blobs.create_file(conn, job_pk, blobs.LOG, name, now)
     final_size = file["final_size"]
     if final_size is not None and end > final_size:
@@ -50,7 +50,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
 
     changes: dict[str, Any] = {}
     if final and final_size is None:
-        if reach > end or blobs.chunk_at_or_after(conn, file["id"], end) is not None:
+        if reach > end or blobs.bounds_at_or_after(conn, file["id"], end) is not None:
             raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
                            extra={"file": name})
         changes.update(final_size=end, done=True)
