@@ -140,7 +140,8 @@ class BlobFile(Base):
     """One streamed log file or capture segment of a job: its name, progress and state.
 
     Logs and captures share these tables (``kind``), not their rules (store/logs.py,
-    store/captures.py). ``size`` is the contiguous byte count from offset 0;
+    store/captures.py). ``size`` is the contiguous byte count from offset 0,
+    ``stored_end`` the end of the furthest chunk (past ``size`` only across a gap);
     ``total`` is a capture segment's declared length (null for logs); ``done`` is a
     log's final flag or a segment's completeness; ``final_size`` where a log was marked
     final; ``sha256`` a complete segment's checksum.
@@ -158,6 +159,7 @@ class BlobFile(Base):
     name: Mapped[str] = mapped_column(Text)
     name_key: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    stored_end: Mapped[int] = mapped_column(BigInteger, server_default="0")
     total: Mapped[int | None] = mapped_column(BigInteger)
     final_size: Mapped[int | None] = mapped_column(BigInteger)
     done: Mapped[bool] = mapped_column(Boolean, server_default=false())

@@ -29,6 +29,7 @@ def upgrade() -> None:
         sa.Column("name", sa.Text(), nullable=False),
         sa.Column("name_key", sa.String(length=64), nullable=False),
         sa.Column("size", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("stored_end", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("total", sa.BigInteger(), nullable=True),
         sa.Column("final_size", sa.BigInteger(), nullable=True),
         sa.Column("done", sa.Boolean(), server_default=sa.false(), nullable=False),

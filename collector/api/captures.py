@@ -36,9 +36,11 @@ def upload_capture(job_id: str):
 
     def store(conn):
         job_pk, _ = job_store.ensure(conn, job_id, query.cluster, now)
-        return capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
+        return job_pk, *capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
 
-    next_offset, complete = transaction(store, write=True)
+    job_pk, next_offset, complete = transaction(store, write=True)
+    if complete:
+        capture_store.seal(get_db().run, job_pk, query.file)
     return respond(CaptureUploadResponse(job_id=job_id, next_offset=next_offset, complete=complete))
 
 
@@ -61,9 +63,13 @@ def read_captures(job_id: str):
 
 
 def _download(job_id: str, cluster: str | None, name: str) -> Response:
-    segment = transaction(
-        lambda conn: capture_store.complete_segment(conn, job_store.resolve(conn, job_id, cluster)[0], name)
-    )
+    def find(conn):
+        job_pk = job_store.resolve(conn, job_id, cluster)[0]
+        return job_pk, capture_store.complete_segment(conn, job_pk, name)
+
+    job_pk, segment = transaction(find)
+    if segment["sha256"] is None:
+        segment["sha256"] = capture_store.seal(get_db().run, job_pk, name)
     # A chunk per short transaction: memory and pool use stay flat for a segment of any size.
     return Response(
         blobs.stream(get_db().run, segment["id"], segment["size"]),

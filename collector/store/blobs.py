@@ -89,7 +89,7 @@ def find_file(conn: Connection, job_pk: int, kind: str, name: str) -> FileRow | 
 def create_file(conn: Connection, job_pk: int, kind: str, name: str, now: dt.datetime, *,
                 total: int | None = None) -> FileRow:
     """Insert an empty file row and return it."""
-    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "total": total,
+    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "stored_end": 0, "total": total,
            "final_size": None, "done": False, "sha256": None, "updated_at": now}
     row["id"] = conn.execute(insert(FILES).returning(FILES.c.id), row).scalar_one()
     return row
@@ -99,6 +99,11 @@ def update_file(conn: Connection, row: FileRow, **changes: Any) -> None:
     """Write ``changes`` to the file row (and to ``row``)."""
     row.update(changes)
     conn.execute(_UPDATE_FILE, {"pk": row["id"], **changes})
+
+
+def record_checksum(conn: Connection, file_id: int, digest: str) -> None:
+    """Store a file's SHA-256 unless it has one (a concurrent seal got there first)."""
+    conn.execute(update(FILES).where(FILES.c.id == file_id, FILES.c.sha256.is_(None)).values(sha256=digest))
 
 
 def files_of(conn: Connection, job_pk: int, kind: str) -> list[FileRow]:

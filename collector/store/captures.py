@@ -2,12 +2,14 @@
 
 Chunks arrive sequentially from offset 0 toward a declared ``total``; exact retries are
 idempotent, anything else that disagrees with the stored segment is a conflict. The
-bytes are stored verbatim and checksummed once the last one arrives.
+bytes are stored verbatim and checksummed once the last one is committed (``seal``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -47,16 +49,32 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
     if data:
         blobs.insert_chunk(conn, file["id"], offset, data)
     complete = end == total
-    changes = {"size": end, "done": complete}
-    if complete:
-        changes["sha256"] = blobs.checksum(conn, file["id"])
-    blobs.update_file(conn, file, updated_at=now, **changes)
+    blobs.update_file(conn, file, updated_at=now, size=end, stored_end=end, done=complete)
     return end, complete
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:
     """The job's capture segments, complete or not."""
     return blobs.files_of(conn, job_pk, blobs.CAPTURE)
+
+
+def seal(run: Callable[..., Any], job_pk: int, name: str) -> str:
+    """Checksum a complete segment once and record it; returns the hex SHA-256.
+
+    Outside the upload's transaction, so the job's write lock is not held while every
+    chunk is read back: a read-only pass (no lock on either database), then a short
+    write. Run after the last chunk commits, and by a download that finds none (the
+    collector stopped in between).
+    """
+    def read(conn):
+        file = complete_segment(conn, job_pk, name)
+        known = file["sha256"]
+        return file["id"], known, known or blobs.checksum(conn, file["id"])
+
+    file_id, known, digest = run(read)
+    if known is None:
+        run(lambda conn: blobs.record_checksum(conn, file_id, digest), write=True)
+    return digest
 
 
 def complete_segment(conn: Connection, job_pk: int, name: str) -> blobs.FileRow:

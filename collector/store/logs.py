@@ -37,27 +37,37 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     if final_size is not None and end > final_size:
         raise _range_conflict(name, max(offset, final_size), end, f"lie past the end it was finalized at ({final_size})")
 
-    new_ranges, pos, reach = [], offset, end
+    new_ranges, pos, held = [], offset, []
     for start, stop, stored in blobs.overlapping(conn, file["id"], offset, end):
         lo, hi = max(start, offset), min(stop, end)
         if stored[lo - start:hi - start] != data[lo - offset:hi - offset]:
             raise _range_conflict(name, lo, hi, "differ from the bytes already stored there")
         if lo > pos:
             new_ranges.append((pos, lo))
-        pos, reach = max(pos, hi), max(reach, stop)
+        pos = max(pos, hi)
+        held.append((start, stop))
     if pos < end:
         new_ranges.append((pos, end))
 
     changes: dict[str, Any] = {}
+    if final and final_size is not None and end != final_size:
+        raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", extra={"file": name})
     if final and final_size is None:
-        if reach > end or blobs.bounds_at_or_after(conn, file["id"], end) is not None:
+        if file["stored_end"] > end:
             raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
                            extra={"file": name})
         changes.update(final_size=end, done=True)
     for lo, hi in new_ranges:
         blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
-    if new_ranges and new_ranges[0][0] <= file["size"]:
-        changes["size"] = blobs.contiguous_end(conn, file["id"], file["size"])
+    if new_ranges:
+        size = file["size"]
+        for lo, hi in sorted(new_ranges + held):
+            if lo <= size:
+                size = max(size, hi)
+        if size < file["stored_end"]:
+            # This upload may have closed a gap: bytes stored beyond it may now join up.
+            size = blobs.contiguous_end(conn, file["id"], size)
+        changes.update(size=size, stored_end=max(file["stored_end"], end))
     if changes:
         blobs.update_file(conn, file, updated_at=now, **changes)
     return bool(changes or new_ranges)
