@@ -2,6 +2,7 @@
 
     python -m bench.run                 # full run: PostgreSQL (collector vs baseline) and SQLite
     python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
+    python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
 
 Servers start fresh on loopback ephemeral ports and stop by PID; databases created for
 the run are dropped after it. Load comes from wrk (Debian package `wrk`).
@@ -29,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from bench import blobs
 from bench import seed
 from collector.migrations import upgrade
 from collector.settings import database_url
@@ -49,13 +51,15 @@ class Result:
     p99_ms: float
     non2xx: int
     socket_errors: int
+    # logs mode: 2xx answers that stored nothing, i.e. a resend (the bench never means one)
+    resent: int = 0
 
 
 def wrk(url: str, mode: str, *, token: str, close: bool, duration: float, connections: int,
-        paths: Path | None = None) -> Result:
-    """One bounded wrk run; returns its summary."""
-    args = ["wrk", "-t2", f"-c{connections}", f"-d{int(duration)}s", "--timeout", "10s", "-s", str(LUA), url, "--",
-            mode, token, "close" if close else "keep", str(paths or "-"), uuid.uuid4().hex[:8]]
+        paths: Path | None = None, threads: int = 2, extra: tuple[str, ...] = ()) -> Result:
+    """One bounded wrk run; returns its summary. Each run gets its own run id (job id prefix)."""
+    args = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{int(duration)}s", "--timeout", "10s", "-s", str(LUA),
+            url, "--", mode, token, "close" if close else "keep", str(paths or "-"), uuid.uuid4().hex[:8], *extra]
     out = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60, check=True).stdout
     line = next(line for line in out.splitlines() if line.startswith("BENCH_JSON "))
     data = json.loads(line.removeprefix("BENCH_JSON "))
@@ -65,6 +69,7 @@ def wrk(url: str, mode: str, *, token: str, close: bool, duration: float, connec
         p99_ms=data["p99_us"] / 1000,
         non2xx=data["non2xx"],
         socket_errors=data["socket_errors"],
+        resent=data.get("resent", 0),
     )
 
 
@@ -75,6 +80,7 @@ def median_result(results: list[Result]) -> Result:
         p99_ms=statistics.median(r.p99_ms for r in results),
         non2xx=sum(r.non2xx for r in results),
         socket_errors=sum(r.socket_errors for r in results),
+        resent=sum(r.resent for r in results),
     )
 
 
@@ -112,9 +118,10 @@ def truncate(url: str, attempts: int = 10) -> None:
             try:
                 with engine.begin() as conn:
                     if url.startswith("postgresql"):
-                        conn.execute(text("TRUNCATE job_events, jobs, job_counts RESTART IDENTITY CASCADE"))
+                        conn.execute(text("TRUNCATE blob_chunks, blob_files, job_events, jobs, job_counts"
+                                          " RESTART IDENTITY CASCADE"))
                     else:
-                        for table in ("job_events", "jobs", "job_counts"):
+                        for table in ("blob_chunks", "blob_files", "job_events", "jobs", "job_counts"):
                             conn.execute(text(f"DELETE FROM {table}"))
                 return
             except OperationalError:
@@ -151,6 +158,11 @@ WRITE_SCENARIOS = [
     ("put_lifecycle_keepalive", "put", False),
     ("post_create", "post", True),
 ]
+# Streamed logs and capture segments (PostgreSQL only): bench/blobs.py and the logs mode of bench.lua.
+BLOB_SCENARIOS = ["logs_ingest", "logs_tail", "capture_rss"]
+LOG_CHUNK = 256 * 1024
+# One wrk thread per connection, so each connection is one job and file whose chunks stay in order.
+LOG_CONNECTIONS = 8
 
 
 def selected(args, scenarios: list) -> list:
@@ -191,11 +203,103 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
                     compare(args, rows, name, n, targets,
                             lambda url, token, p=paths[name]: wrk(url, "paths", token=token, close=False,
                                                                    duration=args.duration, connections=16, paths=p))
+            run_blobs(args, rows, targets, collector)
         finally:
             collector.stop()
             baseline.stop()
     finally:
         dbs.drop_all()
+
+
+def run_blobs(args, rows: list[dict], targets: list, collector: ServerProcess) -> None:
+    """logs_ingest (collector vs baseline), then logs_tail and capture_rss on the collector alone."""
+    names = selected(args, BLOB_SCENARIOS)
+    mib = args.blob_mib
+    if "logs_ingest" in names:
+        def fresh():
+            for target in targets:
+                truncate(target[3])
+            settle(args.pg_url)  # a checkpoint of the last round's WAL belongs to neither side
+
+        problems: list[str] = []
+        databases = {url: db for _label, url, _token, db in targets}
+
+        def ingest(url, token):
+            result = wrk(url, "logs", token=token, close=False, duration=args.duration, connections=LOG_CONNECTIONS,
+                         threads=LOG_CONNECTIONS, extra=(str(LOG_CHUNK),))
+            problems.extend(check_logs(databases[url], result))
+            if result.resent:
+                problems.append(f"{result.resent} answers from {url} stored nothing (a resend the bench never meant)")
+            return result
+
+        compare(args, rows, "logs_ingest", "-", targets, ingest, before=fresh)
+        c, b = rows[-1]["collector"], rows[-1]["baseline"]
+        rows.append(blob_row("logs_ingest", "-", f"MB/s, {LOG_CHUNK // 1024} KiB chunks, {LOG_CONNECTIONS} "
+                             "keep-alive connections (vs baseline)", c["requests_per_s"] * LOG_CHUNK / 1e6,
+                             b["requests_per_s"] * LOG_CHUNK / 1e6, ">= 0.7",
+                             error="; ".join(problems[:3]) if problems else None))
+    collector_db = targets[0][3]
+    if "logs_tail" in names:
+        truncate(collector_db)
+        settle(args.pg_url)
+        try:
+            tail = blobs.logs_tail(collector.url, TOKEN, file_mib=mib, samples=50 if args.quick else 50 * args.rounds,
+                                   warmup=0 if args.quick else 5, time_limit=600)
+        except (blobs.BlobFailure, OSError) as exc:
+            rows.append(blob_row("logs_tail", mib, "FAILED", None, None, "-", error=str(exc)))
+        else:
+            rows.append(blob_row("logs_tail", mib, "upload MB/s, 1 MiB chunks, 1 keep-alive connection",
+                                 tail.upload.mb_per_s, None, "-"))
+            for pct in (50, 99):
+                rows.append(blob_row("logs_tail", mib, f"GET 1 MiB p{pct} ms: at size - 1 MiB (vs at 0), "
+                                     f"{len(tail.end_ms)} each", tail.p("end", pct), tail.p("start", pct),
+                                     "<= 1.5" if pct == 99 else "-"))
+    if "capture_rss" in names:
+        truncate(collector_db)
+        settle(args.pg_url)
+        try:
+            cap = blobs.capture_rss(collector.url, TOKEN, collector.proc.pid, file_mib=mib, time_limit=600)
+        except (blobs.BlobFailure, OSError) as exc:
+            rows.append(blob_row("capture_rss", mib, "FAILED", None, None, "-", error=str(exc)))
+        else:
+            rows.append(blob_row("capture_rss", mib, "upload MB/s, 1 MiB chunks, 1 keep-alive connection",
+                                 cap.upload.mb_per_s, None, "-"))
+            rows.append(blob_row("capture_rss", mib, "upload: latency of the last chunk (completes the segment), ms",
+                                 cap.last_chunk_ms, None, "-"))
+            rows.append(blob_row("capture_rss", mib, "peak worker RSS growth over idle during upload, MiB",
+                                 cap.upload_growth_mib, None, "-"))
+            rows.append(blob_row("capture_rss", mib, f"download MB/s ({cap.download_bytes:,} bytes = total, "
+                                 "sha256 checked)", cap.download_mb_per_s, None, "-"))
+            rows.append(blob_row("capture_rss", mib, f"peak worker RSS growth over idle during download, MiB "
+                                 f"({cap.workers} workers, {cap.samples} samples)", cap.download_growth_mib, None,
+                                 "< 64"))
+        truncate(collector_db)
+
+
+def check_logs(url: str, result: Result) -> list[str]:
+    """What is wrong with the log files a logs_ingest run left: each must hold its bytes contiguously from 0."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            files = conn.execute(text(
+                "SELECT f.name, f.size, coalesce(sum(c.end_offset - c.start_offset), 0), coalesce(max(c.end_offset), 0)"
+                " FROM blob_files f LEFT JOIN blob_chunks c ON c.file_id = f.id WHERE f.kind = 'log'"
+                " GROUP BY f.id, f.name, f.size")).all()
+    finally:
+        engine.dispose()
+    problems = [f"{name}: size {size} but {stored} bytes stored, ending at {end}"
+                for name, size, stored, end in files if not size == stored == end]
+    if result.requests_per_s > 0 and not files:
+        problems.append("no log file was stored")
+    return problems
+
+
+def blob_row(scenario: str, file_mib, measure: str, value: float | None, vs: float | None, target: str, *,
+             error: str | None = None) -> dict:
+    """A row of the blob table: ``value`` (collector), what it is compared with, and their ratio."""
+    return {"table": "blob", "backend": "postgres", "scenario": scenario, "file_mib": file_mib, "measure": measure,
+            "value": value, "vs": vs, "ratio": value / vs if value is not None and vs else None, "target": target,
+            "error": error}
 
 
 def run_sqlite(args, rows: list[dict], work: Path) -> None:
@@ -257,6 +361,8 @@ def row(backend: str, scenario: str, n, collector: Result | None, baseline: Resu
 
 
 def table(rows: list[dict]) -> str:
+    blob = [r for r in rows if r.get("table") == "blob"]
+    rows = [r for r in rows if r.get("table") != "blob"]
     lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -268,7 +374,23 @@ def table(rows: list[dict]) -> str:
             f"{c['p99_ms']:.1f}" if c else "-", (c["non2xx"] + c["socket_errors"]) if c else "-",
             f"{b['requests_per_s']:.0f}" if b else "-", f"{b['p99_ms']:.1f}" if b else "-", ratio))
     growth = growth_lines(rows)
-    return "\n".join(lines + ([""] + growth if growth else []))
+    return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else []))
+
+
+def blob_table(rows: list[dict]) -> list[str]:
+    """Streamed logs and captures: one measure per row, with what it is compared against (ratio = value / vs)."""
+    def num(v):
+        return "-" if v is None else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+    lines = ["| backend | scenario | file MiB | measure | value | vs | ratio | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        measure = f"FAILED: {r['error']}" if r["error"] else r["measure"]
+        measure = measure.replace("|", "\\|").replace("\n", " ")
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['backend']} | {r['scenario']} | {r['file_mib']} | {measure} | {num(r['value'])} | "
+                     f"{num(r['vs'])} | {ratio} | {r['target']} |")
+    return lines
 
 
 def growth_lines(rows: list[dict]) -> list[str]:
@@ -296,10 +418,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="server on which to create (and drop) the run's databases")
     parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                         help="comma-separated scenario names to run (default: all)")
+    parser.add_argument("--blob-mib", type=int, default=256,
+                        help="size of the logs_tail log and the capture_rss segment, in MiB (1 MiB chunks)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration, args.sizes = 1, 2, "200"
+        args.rounds, args.duration, args.sizes, args.blob_mib = 1, 2, "200", 8
+    if args.blob_mib < 2:
+        parser.error("--blob-mib must be at least 2")
     args.sizes = [int(s) for s in args.sizes.split(",")]
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed: apt-get install wrk")
@@ -313,15 +439,19 @@ def main(argv: list[str] | None = None) -> int:
             run_sqlite(args, rows, work)
     print(table(rows))
     print(f"\n{os.cpu_count()} CPUs, {time.monotonic() - started:.0f} s, rounds={args.rounds}, "
-          f"duration={args.duration}s, 16 connections")
+          f"duration={args.duration}s, 16 connections ({LOG_CONNECTIONS} for logs_ingest)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    failures = [r for r in rows for side in ("collector", "baseline") if r[side]
-                and (r[side]["non2xx"] or r[side]["socket_errors"])]
+    failures = [r for r in rows if r.get("table") != "blob" for side in ("collector", "baseline") if r[side]
+                and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
     if args.quick and failures:
-        print(f"\n{len(failures)} scenario(s) had non-2xx answers or socket errors", file=sys.stderr)
+        print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends", file=sys.stderr)
         return 1
-    return 0
+    # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote: never a pass.
+    broken = [r for r in rows if r.get("table") == "blob" and r["error"]]
+    for r in broken:
+        print(f"\n{r['scenario']} failed: {r['error']}", file=sys.stderr)
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

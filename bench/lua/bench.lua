@@ -1,7 +1,10 @@
 -- One wrk script for every scenario:
---   wrk -s bench/lua/bench.lua URL -- MODE TOKEN CONNECTION [PATHS_FILE]
--- MODE: put (srtctl-shaped lifecycle PUTs), post (submit-time POSTs), paths (GETs from a file)
+--   wrk -s bench/lua/bench.lua URL -- MODE TOKEN CONNECTION [PATHS_FILE] [RUN] [CHUNK_BYTES]
+-- MODE: put (srtctl-shaped lifecycle PUTs), post (submit-time POSTs), paths (GETs from a file),
+--       logs (raw log chunks appended at increasing offsets; run it with -t N -cN, so each
+--       thread is one connection and its own job and file, and chunks of a file stay in order)
 -- TOKEN: bearer token or "-"; CONNECTION: close (a fresh connection per request) or keep
+-- RUN: a prefix for job ids, distinct per wrk run so no run resends another's offsets
 -- Prints one "BENCH_JSON {...}" line that bench/run.py parses.
 
 local threads = {}
@@ -30,9 +33,25 @@ local STEPS = {
 local JOBS_PER_THREAD = 500
 local CLUSTERS = 4
 
+-- ASCII log lines of 128 bytes, as a training or benchmark worker writes them.
+local function log_body(size)
+  local lines = {}
+  for i = 0, math.floor(size / 128) - 1 do
+    local head = string.format("%012d 2026-12-02T10:%02d:%02d.%03d [rank %d] step %d loss=%.4f throughput=%d tok/s",
+      i * 128, math.floor(i / 60) % 60, i % 60, (i * 7) % 1000, tid, i, 1 / (i + 1), (i * 7919) % 100000)
+    lines[#lines + 1] = head .. string.rep(" ", 127 - #head) .. "\n"
+  end
+  return table.concat(lines)
+end
+
 function init(args)
   mode = args[1]
   bad = 0
+  -- answers of the logs mode that stored nothing (a resend): the bench never means to send one
+  resent = 0
+  -- logs mode: answers received. The next chunk's offset counts answers, not request() calls:
+  -- wrk calls request() once more on the first thread to check the script, and sends nothing.
+  answered = 0
   counter = 0
   run = args[5] or "r"
   wrk.headers["Content-Type"] = "application/json"
@@ -41,6 +60,13 @@ function init(args)
   end
   if args[3] == "close" then
     wrk.headers["Connection"] = "close"
+  end
+  if mode == "logs" then
+    wrk.headers["Content-Type"] = "application/octet-stream"
+    chunk = tonumber(args[6] or "") or 262144
+    wrk.body = log_body(chunk)
+    log_path = "/api/jobs/" .. run .. "-log" .. tid .. "/logs?cluster=c" .. (tid % CLUSTERS) ..
+      "&file=logs/worker-" .. tid .. ".out&offset="
   end
   if mode == "paths" then
     paths = {}
@@ -87,24 +113,33 @@ function request()
     return put_request()
   elseif mode == "post" then
     return post_request()
+  elseif mode == "logs" then
+    -- One connection per thread: the previous chunk was answered before this is asked for.
+    -- wrk.body goes with every request.
+    return wrk.format("POST", log_path .. (answered * chunk))
   end
   return wrk.format("GET", paths[math.random(#paths)])
 end
 
 function response(status, headers, body)
+  answered = answered + 1
   if status < 200 or status > 299 then
     bad = bad + 1
+  elseif mode == "logs" and body and string.find(body, '"stored":%s*0') then
+    resent = resent + 1
   end
 end
 
 function done(summary, latency, requests)
-  local non2xx = 0
+  local non2xx, resends = 0, 0
   for _, thread in ipairs(threads) do
     non2xx = non2xx + thread:get("bad")
+    resends = resends + (thread:get("resent") or 0)
   end
   local e = summary.errors
   io.write(string.format(
-    'BENCH_JSON {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "non2xx": %d, "socket_errors": %d}\n',
+    'BENCH_JSON {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "non2xx": %d, "socket_errors": %d,' ..
+    ' "resent": %d}\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), non2xx,
-    e.connect + e.read + e.write + e.timeout))
+    e.connect + e.read + e.write + e.timeout, resends))
 end
