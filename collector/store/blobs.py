@@ -34,9 +34,7 @@ FileRow = dict[str, Any]
 _FILE = select(FILES).where(
     FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind"), FILES.c.name_key == bindparam("key")
 )
-_FILES_OF_JOB = (
-    select(FILES).where(FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind")).order_by(FILES.c.name)
-)
+_FILES_OF_JOB = select(FILES).where(FILES.c.job_pk == bindparam("job_pk"), FILES.c.kind == bindparam("kind"))
 _chunk_columns = (CHUNKS.c.start_offset, CHUNKS.c.end_offset, CHUNKS.c.data)
 _IN_FILE = CHUNKS.c.file_id == bindparam("file_id")
 # The chunks overlapping [lo, hi): the one holding lo, then those starting inside the
@@ -107,8 +105,9 @@ def record_checksum(conn: Connection, file_id: int, digest: str) -> None:
 
 
 def files_of(conn: Connection, job_pk: int, kind: str) -> list[FileRow]:
-    """A job's files of one kind, by name."""
-    return [dict(r) for r in conn.execute(_FILES_OF_JOB, {"job_pk": job_pk, "kind": kind}).mappings()]
+    """A job's files of one kind, by name in code-point order (the same whatever the database's collation)."""
+    rows = conn.execute(_FILES_OF_JOB, {"job_pk": job_pk, "kind": kind}).mappings()
+    return sorted((dict(r) for r in rows), key=lambda r: r["name"])
 
 
 def overlapping(conn: Connection, file_id: int, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
