@@ -51,11 +51,23 @@ def reply(body: dict, status: int = 200) -> Response:
 
 
 LOCK_JOB = "SELECT pg_advisory_xact_lock(1, hashtext(%s))"
+# The event insert and the per-(cluster, status) count move the collector keeps for the
+# list's totals, in one statement under the feed lock, as the collector does them.
 INSERT_EVENT = (
-    "WITH feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(2, 0))"
-    " INSERT INTO job_events (job_pk, status, stage, message, created_at)"
-    " SELECT %s, %s, %s, %s, %s FROM feed_lock"
+    "WITH feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(2, 0)),"
+    " event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at)"
+    " SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(at)s FROM feed_lock),"
+    " counted AS (INSERT INTO job_counts (cluster, status, jobs) SELECT v.cluster, v.status, v.delta"
+    " FROM feed_lock, (VALUES (%(cluster)s, %(old_status)s, -1), (%(cluster)s, %(status)s, 1))"
+    " AS v (cluster, status, delta) WHERE %(moved)s AND v.status IS NOT NULL ORDER BY v.cluster, v.status"
+    " ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs)"
+    " SELECT 1"
 )
+
+
+def event_params(pk, cluster, status, stage, message, at, old_status) -> dict:
+    return {"pk": pk, "cluster": cluster, "status": status, "stage": stage, "message": message, "at": at,
+            "old_status": old_status, "moved": old_status != status}
 
 
 @app.get("/hello")
@@ -77,7 +89,8 @@ def create():
              body["submitted_at"], json.dumps(body.get("metadata"))),
         ).fetchone()
         if row[1]:
-            conn.execute(INSERT_EVENT, (row[0], "submitted", None, None, body["submitted_at"]))
+            conn.execute(INSERT_EVENT, event_params(row[0], body.get("cluster") or "", "submitted", None, None,
+                                                    body["submitted_at"], None))
     return reply({"job_id": body["job_id"], "status": "submitted"}, 201)
 
 
@@ -87,21 +100,24 @@ def update(job_id: str):
     metadata = body.get("metadata") or {}
     with connection() as conn:
         conn.execute(LOCK_JOB, (job_id,))
-        (pk,) = conn.execute(
-            "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, stage, message, submitted_at,"
+        cluster = metadata.get("cluster") or ""
+        pk, old_status = conn.execute(
+            "WITH old AS (SELECT status FROM jobs WHERE cluster = %s AND job_id = %s)"
+            " INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, stage, message, submitted_at,"
             " updated_at, metadata) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (cluster, job_id) DO UPDATE SET status = excluded.status, stage = excluded.stage,"
             " message = excluded.message, updated_at = excluded.updated_at,"
             " metadata = coalesce(jobs.metadata, '{}'::jsonb) || coalesce(excluded.metadata, '{}'::jsonb)"
-            " RETURNING id",
-            (metadata.get("cluster") or "", job_id, f"job-{job_id}", body["status"], body.get("stage"),
+            " RETURNING id, (SELECT status FROM old)",
+            (cluster, job_id, cluster, job_id, f"job-{job_id}", body["status"], body.get("stage"),
              body.get("message"), body["updated_at"], body["updated_at"], json.dumps(metadata)),
         ).fetchone()
         last = conn.execute(
             "SELECT status, stage, message FROM job_events WHERE job_pk = %s ORDER BY id DESC LIMIT 1", (pk,)
         ).fetchone()
         if last != (body["status"], body.get("stage"), body.get("message")):
-            conn.execute(INSERT_EVENT, (pk, body["status"], body.get("stage"), body.get("message"), body["updated_at"]))
+            conn.execute(INSERT_EVENT, event_params(pk, cluster, body["status"], body.get("stage"), body.get("message"),
+                                                    body["updated_at"], old_status))
     return reply({"job_id": job_id, "status": body["status"]})
 
 
@@ -120,7 +136,8 @@ def list_jobs():
             params.append(args[name])
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     with connection() as conn:
-        total = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()[0]
+        # The same per-(cluster, status) counts the collector keeps, not COUNT(*).
+        total = conn.execute(f"SELECT coalesce(sum(jobs), 0) FROM job_counts {clause}", params).fetchone()[0]
         cur = conn.execute(
             f"SELECT {SUMMARY} FROM jobs {clause} ORDER BY submitted_at DESC, id DESC LIMIT %s OFFSET %s",
             [*params, per_page, (page - 1) * per_page],
