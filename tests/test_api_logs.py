@@ -534,6 +534,14 @@ def test_legacy_and_raw_uploads_share_the_file(api):
     assert content(api, "3", "a.out") == "café"
 
 
+def test_legacy_form_ignores_the_raw_form_query_but_takes_its_cluster(api):
+    """Offsets live in the chunks: a stray ?offset= or ?file= is not the JSON form's to judge."""
+    body = {"chunks": [{"file": "a.out", "offset": 0, "size": 2, "data": "hi"}]}
+    response = api.post("/api/jobs/3/logs", params={"offset": "bad", "file": "../x", "cluster": "q"}, json=body)
+    assert response.json() == {"job_id": "3", "stored": 1}
+    assert listing(api, "3")["cluster"] == "q"
+
+
 def test_legacy_chunks_are_all_or_nothing(api):
     stored(api, "3", "a.out", 0, b"hello")
     response = legacy(api, "3", [{"file": "new.out", "offset": 0, "size": 3, "data": "new"},

@@ -13,6 +13,7 @@ from collector.api import parse_query
 from collector.api import read_chunk
 from collector.api import respond
 from collector.api.queries import BlobReadQuery
+from collector.api.queries import ClusterQuery
 from collector.api.queries import LogUploadQuery
 from collector.contract import LegacyLogPayload
 from collector.contract import LogContent
@@ -33,7 +34,7 @@ def upload_logs(job_id: str):
     now = dt.datetime.now(dt.timezone.utc)
     if request.mimetype == "application/json":
         legacy = parse_body(LegacyLogPayload)
-        cluster = (legacy.metadata.cluster if legacy.metadata else None) or parse_query(BlobReadQuery).cluster
+        cluster = (legacy.metadata.cluster if legacy.metadata else None) or parse_query(ClusterQuery).cluster
         chunks = [(c.file, c.offset, c.data.encode(), False) for c in legacy.chunks]
     else:
         query = parse_query(LogUploadQuery)
