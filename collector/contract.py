@@ -14,6 +14,7 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import PlainSerializer
 from pydantic import TypeAdapter
+from pydantic import ValidationInfo
 from pydantic import ValidationError
 from pydantic import field_validator
 from pydantic import model_validator
@@ -106,13 +107,19 @@ def _nul_path(value: Any, path: tuple) -> tuple | None:
     return None
 
 
+# Validation context key: the caller has seen the raw JSON and it cannot hold a NUL.
+NUL_FREE = "nul_free"
+
+
 class _Payload(BaseModel):
     # Reporters newer than us may send fields we do not know: accept and ignore them.
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data: Any) -> Any:
+    def _no_nul(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.context and info.context.get(NUL_FREE):
+            return data
         found = _nul_path(data, ())
         if found:
             raise PydanticCustomError("nul_character", "text may not contain NUL (\\u0000) characters, found at {at}",

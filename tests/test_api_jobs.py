@@ -405,6 +405,13 @@ def test_nul_characters_are_422_not_a_database_error(api, database, body, at):
     assert database.scalar("SELECT count(*) FROM jobs") == 0
 
 
+def test_text_that_only_looks_like_a_nul_escape_is_kept(api):
+    # The raw body holds the characters \u0000 (an escaped backslash), which is no NUL.
+    response = put(api, "not-nul", message="C:\\u0000dir")
+    assert response.status_code == 200, response.text
+    assert api.get("/api/jobs/not-nul").json()["message"] == "C:\\u0000dir"
+
+
 @pytest.mark.parametrize("params", [{"cluster": "a\u0000"}, {"cluster": "c" * 256}])
 def test_bad_cluster_parameter_is_422_everywhere(api, params):
     for response in (api.get("/api/jobs", params=params), api.get("/api/jobs/1", params=params),
