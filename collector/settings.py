@@ -11,6 +11,8 @@ from pathlib import Path
 DEFAULT_DB_PATH = Path("~/.local/state/collector/status.db")
 DEFAULT_TOKEN_ENV = "SRTCTL_STATUS_TOKEN"
 DEFAULT_READ_TOKEN_ENV = "SRTCTL_STATUS_READ_TOKEN"
+# Every body, a log or capture chunk included: the srtctl streamer sends chunks of at
+# most 1 MiB, so the guard's Content-Length check is also the chunk limit.
 MAX_BODY_BYTES = 1024 * 1024
 
 

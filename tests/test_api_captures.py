@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import random
-import socket
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit
 
 import pytest
+from sqlalchemy import text
+
+from tests.wire import raw_exchange
 
 MiB = 1024 * 1024
 MAX_OFFSET = 2**63 - 1
@@ -70,18 +71,6 @@ def blob(size: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def raw_exchange(api, request: bytes) -> str:
-    """Send bytes on one socket, close our write side, and return everything the server said."""
-    parts = urlsplit(api.url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall(request)
-        sock.shutdown(socket.SHUT_WR)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    return reply.decode("utf-8", "replace")
-
-
 # ---------------------------------------------------------------- upload and download
 
 
@@ -98,6 +87,29 @@ def test_sequential_chunks_complete_the_segment(api):
 def test_single_chunk_segment_is_complete_at_once(api):
     accepted(api, "1", SEGMENT, 0, 4, b"PAR1")
     assert segments(api, "1") == [(SEGMENT, 4, True)]
+    assert_downloads(api, "1", SEGMENT, b"PAR1")
+
+
+def test_checksum_is_recorded_once_the_segment_completes(api, database):
+    accepted(api, "1", SEGMENT, 0, 8, b"PAR1")
+    assert database.scalar("SELECT sha256 FROM blob_files") is None
+    accepted(api, "1", SEGMENT, 4, 8, b"PAR2")
+    assert database.scalar("SELECT sha256 FROM blob_files") == hashlib.sha256(b"PAR1PAR2").hexdigest()
+
+
+def test_download_seals_a_segment_whose_checksum_was_never_recorded(api, database):
+    """The collector stopped between the last chunk's commit and its checksum: the download computes it."""
+    accepted(api, "1", SEGMENT, 0, 8, b"PAR1PAR2")
+    with database.engine.begin() as conn:
+        conn.execute(text("UPDATE blob_files SET sha256 = NULL"))
+    assert_downloads(api, "1", SEGMENT, b"PAR1PAR2")
+    assert database.scalar("SELECT sha256 FROM blob_files") == hashlib.sha256(b"PAR1PAR2").hexdigest()
+
+
+def test_retrying_the_last_chunk_keeps_the_checksum(api, database):
+    accepted(api, "1", SEGMENT, 0, 4, b"PAR1")
+    accepted(api, "1", SEGMENT, 0, 4, b"PAR1")
+    assert database.scalar("SELECT sha256 FROM blob_files") == hashlib.sha256(b"PAR1").hexdigest()
     assert_downloads(api, "1", SEGMENT, b"PAR1")
 
 
@@ -322,9 +334,8 @@ def test_body_over_1_mib_is_413(api, chunked):
 def test_body_shorter_than_its_content_length_is_400_and_stores_nothing(api):
     accepted(api, "1", "out-9.parquet", 0, 1, b"x")
     head = (f"POST /api/jobs/1/captures?file={SEGMENT}&offset=0&total=100 HTTP/1.1\r\nHost: x\r\n"
-            "Connection: close\r\nContent-Type: application/octet-stream\r\nContent-Length: 100\r\n"
-            f"Authorization: Bearer {api.token}\r\n\r\n").encode()
-    reply = raw_exchange(api, head + b"0123456789")
+            "Content-Type: application/octet-stream\r\nContent-Length: 100\r\n").encode()
+    reply = raw_exchange(api, head, b"0123456789", half_close=True)
     assert reply.startswith("HTTP/1.1 400"), reply
     assert segments(api, "1") == [("out-9.parquet", 1, True)]
 

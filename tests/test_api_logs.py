@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import socket
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit
 
 import pytest
+
+from tests.wire import raw_exchange
 
 MiB = 1024 * 1024
 MAX_OFFSET = 2**63 - 1
@@ -57,18 +57,6 @@ def read(api, job_id, file, offset=None, **params) -> dict:
 
 def content(api, job_id, file, **params) -> str:
     return read(api, job_id, file, **params)["data"]
-
-
-def raw_exchange(api, request: bytes) -> str:
-    """Send bytes on one socket, close our write side, and return everything the server said."""
-    parts = urlsplit(api.url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall(request)
-        sock.shutdown(socket.SHUT_WR)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    return reply.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- upload and read back
@@ -634,10 +622,9 @@ def test_chunked_body_within_the_limit_is_stored(api):
 
 def test_body_shorter_than_its_content_length_is_400_and_stores_nothing(api):
     stored(api, "1", "seed.out", 0, b"s")
-    head = (b"POST /api/jobs/1/logs?file=a.out&offset=0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: application/octet-stream\r\nContent-Length: 100\r\n"
-            b"Authorization: Bearer " + api.token.encode() + b"\r\n\r\n")
-    reply = raw_exchange(api, head + b"0123456789")
+    head = (b"POST /api/jobs/1/logs?file=a.out&offset=0 HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/octet-stream\r\nContent-Length: 100\r\n")
+    reply = raw_exchange(api, head, b"0123456789", half_close=True)
     assert reply.startswith("HTTP/1.1 400"), reply
     assert files(api, "1") == [("seed.out", 1, False)]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-from urllib.parse import urlsplit
 
 import pytest
+
+from tests.wire import raw_exchange
 
 SUBMIT = {"job_id": "1", "job_name": "n", "submitted_at": "2025-01-26T10:30:00Z"}
 WRITES = [("POST", "/api/jobs"), ("PUT", "/api/jobs/1"), ("DELETE", "/api/jobs/1")]
@@ -67,18 +67,6 @@ def test_page_is_html(api):
 def test_no_write_token_means_open_on_loopback(serve):
     open_server = serve()
     assert open_server.post("/api/jobs", json=SUBMIT).status_code == 201
-
-
-def raw_exchange(api, head: bytes, body: bytes = b"", *, half_close: bool = False) -> str:
-    """Send bytes as they are and read the reply until the server closes the connection."""
-    with socket.create_connection((urlsplit(api.url).hostname, urlsplit(api.url).port), timeout=5) as sock:
-        sock.sendall(head + b"Authorization: Bearer " + api.token.encode() + b"\r\n\r\n" + body)
-        if half_close:
-            sock.shutdown(socket.SHUT_WR)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    return reply.decode()
 
 
 def test_oversize_body_is_413_before_it_is_read(api, database):

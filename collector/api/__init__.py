@@ -20,8 +20,6 @@ from collector.errors import Unprocessable
 from collector.errors import validation_detail
 
 M = TypeVar("M", bound=BaseModel)
-# The reporter's log and capture chunk size; a chunk body past it is refused unread.
-MAX_CHUNK_BYTES = 1024 * 1024
 _JOB_ID = TypeAdapter(Identifier)
 
 
@@ -50,17 +48,6 @@ def read_body() -> bytes:
         return request.get_data(cache=False)
     except ClientDisconnected:
         raise APIError("body ended before its Content-Length; nothing was stored", status=400) from None
-
-
-def read_chunk() -> bytes:
-    """A raw log or capture chunk: 413 past MAX_CHUNK_BYTES, from Content-Length when it has one."""
-    length = request.content_length
-    if length is not None and length > MAX_CHUNK_BYTES:
-        raise APIError(f"chunk of {length} bytes exceeds the {MAX_CHUNK_BYTES}-byte chunk limit", status=413)
-    data = read_body()
-    if len(data) > MAX_CHUNK_BYTES:
-        raise APIError(f"chunk of {len(data)} bytes exceeds the {MAX_CHUNK_BYTES}-byte chunk limit", status=413)
-    return data
 
 
 def parse_body(model: type[M]) -> M:

@@ -10,7 +10,7 @@ from flask import Response
 
 from collector.api import checked_job_id
 from collector.api import parse_query
-from collector.api import read_chunk
+from collector.api import read_body
 from collector.api import respond
 from collector.api.queries import BlobReadQuery
 from collector.api.queries import CaptureUploadQuery
@@ -31,17 +31,17 @@ def upload_capture(job_id: str):
     """Store one sequential chunk of a capture segment."""
     job_id = checked_job_id(job_id)
     query = parse_query(CaptureUploadQuery)
-    data = read_chunk()
+    data = read_body()
     now = dt.datetime.now(dt.timezone.utc)
 
     def store(conn):
         job_pk, _ = job_store.ensure(conn, job_id, query.cluster, now)
-        return job_pk, *capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
+        return job_pk, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
 
-    job_pk, next_offset, complete = transaction(store, write=True)
-    if complete:
+    job_pk, progress = transaction(store, write=True)
+    if progress.completed_now:
         capture_store.seal(get_db().run, job_pk, query.file)
-    return respond(CaptureUploadResponse(job_id=job_id, next_offset=next_offset, complete=complete))
+    return respond(CaptureUploadResponse(job_id=job_id, next_offset=progress.next_offset, complete=progress.complete))
 
 
 @bp.get("/<job_id>/captures")

@@ -10,7 +10,7 @@ from flask import request
 from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
-from collector.api import read_chunk
+from collector.api import read_body
 from collector.api import respond
 from collector.api.queries import BlobReadQuery
 from collector.api.queries import ClusterQuery
@@ -39,7 +39,7 @@ def upload_logs(job_id: str):
     else:
         query = parse_query(LogUploadQuery)
         cluster = query.cluster
-        chunks = [(query.file, query.offset, read_chunk(), query.final)]
+        chunks = [(query.file, query.offset, read_body(), query.final)]
 
     def store(conn) -> bool:
         job_pk, _ = job_store.ensure(conn, job_id, cluster, now)

@@ -52,17 +52,16 @@ _STARTING_INSIDE = select(*_chunk_columns).where(
 )
 _OVERLAPPING = union_all(_HOLDING, _STARTING_INSIDE).subquery()
 _OVERLAPPING_ORDERED = select(_OVERLAPPING).order_by(_OVERLAPPING.c.start_offset)
-_FIRST_AT_OR_AFTER = select(*_chunk_columns).where(_IN_FILE, CHUNKS.c.start_offset >= bindparam("lo")).order_by(
-    CHUNKS.c.start_offset
-).limit(1)
 _BOUNDS_AT_OR_AFTER = (
     select(CHUNKS.c.start_offset, CHUNKS.c.end_offset)
     .where(_IN_FILE, CHUNKS.c.start_offset >= bindparam("lo"))
     .order_by(CHUNKS.c.start_offset)
     .limit(1)
 )
+_FIRST_AT_OR_AFTER = _BOUNDS_AT_OR_AFTER.add_columns(CHUNKS.c.data)
 _INSERT_CHUNK = insert(CHUNKS)
 _UPDATE_FILE = update(FILES).where(FILES.c.id == bindparam("pk"))
+_RECORD_CHECKSUM = update(FILES).where(FILES.c.id == bindparam("pk"), FILES.c.sha256.is_(None))
 
 
 def end_of(name: str, offset: int, data: bytes) -> int:
@@ -87,8 +86,8 @@ def find_file(conn: Connection, job_pk: int, kind: str, name: str) -> FileRow | 
 def create_file(conn: Connection, job_pk: int, kind: str, name: str, now: dt.datetime, *,
                 total: int | None = None) -> FileRow:
     """Insert an empty file row and return it."""
-    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "stored_end": 0, "total": total,
-           "final_size": None, "done": False, "sha256": None, "updated_at": now}
+    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "stored_end": 0,
+           "total": total, "final_size": None, "done": False, "sha256": None, "updated_at": now}
     row["id"] = conn.execute(insert(FILES).returning(FILES.c.id), row).scalar_one()
     return row
 
@@ -101,7 +100,7 @@ def update_file(conn: Connection, row: FileRow, **changes: Any) -> None:
 
 def record_checksum(conn: Connection, file_id: int, digest: str) -> None:
     """Store a file's SHA-256 unless it has one (a concurrent seal got there first)."""
-    conn.execute(update(FILES).where(FILES.c.id == file_id, FILES.c.sha256.is_(None)).values(sha256=digest))
+    conn.execute(_RECORD_CHECKSUM, {"pk": file_id, "sha256": digest})
 
 
 def files_of(conn: Connection, job_pk: int, kind: str) -> list[FileRow]:

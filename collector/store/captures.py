@@ -7,6 +7,7 @@ bytes are stored verbatim and checksummed once the last one is committed (``seal
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,21 @@ from collector.errors import Unprocessable
 from collector.store import blobs
 
 
-def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, data: bytes, *,
-           now: dt.datetime) -> tuple[int, bool]:
-    """Store one chunk; returns ``(next_offset, complete)`` as the reporter checks them.
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """A chunk's answer, as the reporter checks it, and whether this chunk completed the segment."""
 
-    For an exact retry of an earlier chunk that is ``(offset + len, complete and it was
-    the last chunk)``, so a reporter that lost an answer gets the one it expected.
+    next_offset: int
+    complete: bool
+    completed_now: bool = False
+
+
+def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, data: bytes, *,
+           now: dt.datetime) -> Progress:
+    """Store one chunk.
+
+    For an exact retry of an earlier chunk the answer is ``(offset + len, complete and it
+    was the last chunk)``, so a reporter that lost an answer gets the one it expected.
     """
     end = blobs.end_of(name, offset, data)
     if end > total:
@@ -42,7 +52,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
         if not exact and not (len(data) == 0 and offset == size):
             raise Conflict(f"bytes {offset}-{end} of {name} differ from the stored segment, which holds "
                            f"{size} of {total} bytes", extra={"file": name, "next_offset": size})
-        return end, file["done"] and end == total
+        return Progress(end, file["done"] and end == total)
     if offset > size:
         raise Conflict(f"segment {name} continues at offset {size}, not {offset}",
                        extra={"file": name, "next_offset": size})
@@ -50,7 +60,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
         blobs.insert_chunk(conn, file["id"], offset, data)
     complete = end == total
     blobs.update_file(conn, file, updated_at=now, size=end, stored_end=end, done=complete)
-    return end, complete
+    return Progress(end, complete, completed_now=complete)
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:
@@ -63,8 +73,8 @@ def seal(run: Callable[..., Any], job_pk: int, name: str) -> str:
 
     Outside the upload's transaction, so the job's write lock is not held while every
     chunk is read back: a read-only pass (no lock on either database), then a short
-    write. Run after the last chunk commits, and by a download that finds none (the
-    collector stopped in between).
+    write. Run after the completing chunk commits, and by a download that finds no
+    checksum (the collector stopped in between).
     """
     def read(conn):
         file = complete_segment(conn, job_pk, name)

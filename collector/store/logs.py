@@ -50,13 +50,13 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
         new_ranges.append((pos, end))
 
     changes: dict[str, Any] = {}
-    if final and final_size is not None and end != final_size:
-        raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", extra={"file": name})
     if final and final_size is None:
         if file["stored_end"] > end:
             raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
                            extra={"file": name})
         changes.update(final_size=end, done=True)
+    elif final and end != final_size:
+        raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", extra={"file": name})
     for lo, hi in new_ranges:
         blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
     if new_ranges:

@@ -64,14 +64,13 @@ def _blob_totals(conn: Connection, pks: list[int]) -> tuple[int, int]:
 
 
 def _prune_batch(conn: Connection, selection: Selection, batch: list[tuple[int, str]], dry_run: bool) -> Pruned:
-    if not dry_run:
-        # Writers of these jobs wait (sorted: two prunes cannot deadlock), so the
-        # conditions re-checked below and the counts moved are exact.
-        for job_id in sorted({job_id for _pk, job_id in batch}):
-            lock_job_id(conn, job_id)
     pks = [pk for pk, _ in batch]
     if dry_run:
         return Pruned(len(pks), *_blob_totals(conn, pks))
+    # Writers of these jobs wait (sorted: two prunes cannot deadlock), so the conditions
+    # re-checked below and the counts moved are exact.
+    for job_id in sorted({job_id for _pk, job_id in batch}):
+        lock_job_id(conn, job_id)
     pks = [pk for (pk,) in conn.execute(select(JOBS.c.id).where(JOBS.c.id.in_(pks), *selection.where()))]
     files, size = _blob_totals(conn, pks)
     if selection.logs_only:
@@ -99,6 +98,4 @@ def prune(run: Callable[..., Any], selection: Selection, *, dry_run: bool = Fals
         if not batch:
             return total
         after = batch[-1][0]
-        total.jobs += done.jobs
-        total.files += done.files
-        total.bytes += done.bytes
+        total = Pruned(total.jobs + done.jobs, total.files + done.files, total.bytes + done.bytes)
