@@ -8,12 +8,14 @@ from flask import Flask
 
 from collector import db
 from collector import errors
+from collector import fanout
 from collector import guard
 from collector import ui
 from collector.api import captures
 from collector.api import events
 from collector.api import jobs
 from collector.api import logs
+from collector.api import streams
 from collector.api import system
 from collector.cli import db_group
 from collector.migrations import schema_problem
@@ -30,8 +32,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     guard.init_app(app, settings)
     errors.init_app(app)
-    db.init_app(app, db.Database(settings))
-    for blueprint in (system.bp, jobs.bp, logs.bp, captures.bp, events.bp, ui.bp):
+    database = db.Database(settings)
+    db.init_app(app, database)
+    fanout.init_app(app, database, settings)
+    for blueprint in (system.bp, jobs.bp, logs.bp, captures.bp, events.bp, streams.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
     logger = logging.getLogger("collector")

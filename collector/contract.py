@@ -205,6 +205,12 @@ class JobSummary(BaseModel):
     exit_code: int | None = None
 
 
+class StreamEvent(JobEventRecord):
+    """The data of one ``job-event`` on the streams: the event and its job as it is now."""
+
+    job: JobSummary
+
+
 class JobDetail(BaseModel):
     """A job with its full ordered event history."""
 

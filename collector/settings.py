@@ -43,6 +43,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+
+
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -76,6 +86,17 @@ class Settings:
     auto_migrate: bool | None = None
     pool_size: int = 5
     pool_max_overflow: int = 10
+    # Event streams (docs/api.md, "Streams"). A heartbeat after this many idle seconds
+    # keeps proxies from timing the connection out; the lifetime bounds how long one
+    # request holds a worker thread (clients resume with Last-Event-ID, losing nothing).
+    stream_heartbeat_s: float = 30.0
+    stream_max_lifetime_s: float = 900.0
+    # How often a process reads the feed when nothing wakes it: the only wake-up on
+    # SQLite, a fallback on PostgreSQL while its LISTEN connection is down.
+    stream_poll_s: float = 0.5
+    # Streams one process holds at once; each holds a thread (deploy/gunicorn.conf.py
+    # adds this many threads to every worker, so writes keep theirs).
+    max_streams: int = 500
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -98,6 +119,10 @@ class Settings:
             cors_origins=origins,
             pool_size=_int(env, "COLLECTOR_POOL_SIZE", 5),
             pool_max_overflow=_int(env, "COLLECTOR_POOL_MAX_OVERFLOW", 10),
+            stream_heartbeat_s=_float(env, "COLLECTOR_STREAM_HEARTBEAT", 30.0),
+            stream_max_lifetime_s=_float(env, "COLLECTOR_STREAM_MAX_LIFETIME", 900.0),
+            stream_poll_s=_float(env, "COLLECTOR_STREAM_POLL_INTERVAL", 0.5),
+            max_streams=_int(env, "COLLECTOR_MAX_STREAMS", 500),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "database_url" in overrides and overrides["database_url"] is not None:
@@ -129,3 +154,8 @@ class Settings:
             )
         if self.max_body_bytes <= 0:
             raise SettingsError("max_body_bytes must be positive")
+        for name in ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be a positive number of seconds")
+        if self.max_streams < 0:
+            raise SettingsError("max_streams must be zero (streams off) or more")

@@ -172,6 +172,7 @@ def serve(database) -> Iterator:
 
     yield start
     for server, thread, app in servers:
+        app.extensions["collector.streams"].close()  # ends open streams, so shutdown does not wait on them
         server.shutdown()
         thread.join(timeout=10)
         server.server_close()

@@ -21,9 +21,12 @@ def test_gunicorn_config_reads_collector_variables(monkeypatch):
     monkeypatch.setenv("COLLECTOR_PORT", "9123")
     monkeypatch.setenv("COLLECTOR_WORKERS", "3")
     monkeypatch.setenv("COLLECTOR_THREADS", "16")
+    monkeypatch.setenv("COLLECTOR_MAX_STREAMS", "40")
     config = runpy.run_path(str(CONFIG))
     assert config["bind"] == ["[::1]:9123"]
-    assert (config["workers"], config["threads"], config["worker_class"]) == (3, 16, "gthread")
+    # Every stream a worker may hold gets a thread of its own on top of the request threads.
+    assert (config["workers"], config["threads"], config["worker_class"]) == (3, 56, "gthread")
+    assert config["worker_connections"] == 1056
     assert config["preload_app"] is False
 
 

@@ -6,6 +6,7 @@ import logging
 
 from flask import Blueprint
 
+from collector import fanout
 from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
@@ -30,6 +31,8 @@ log = logging.getLogger("collector.jobs")
 
 def _written(result: WriteResult, status: int) -> object:
     if result.event is not None:
+        # PostgreSQL tells every process (NOTIFY); SQLite's only wake-up besides polling.
+        fanout.get_hub().poke()
         event = result.event
         log.info(
             "job %s%s -> %s/%s: %s",

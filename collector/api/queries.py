@@ -30,6 +30,9 @@ ClusterArg = Annotated[
     str | None, Field(default=None, max_length=MAX_ID_LENGTH, pattern=_NO_NUL), AfterValidator(_blank_is_none)
 ]
 
+JobIdArg = ClusterArg  # the same rule: optional, blank means absent, no NUL
+Cursor = Annotated[int, Field(ge=0, le=MAX_CURSOR)]
+
 
 class _Query(BaseModel):
     # Unknown parameters are ignored, like every web API the dashboards already talk to.
@@ -59,7 +62,7 @@ class JobListQuery(_Query):
 class EventQuery(_Query):
     """Cursor parameters of both feeds; ``limit`` above the maximum is clamped."""
 
-    after: Annotated[int, Field(ge=0, le=MAX_CURSOR)] = 0
+    after: Cursor = 0
     limit: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 100
     cluster: ClusterArg = None
 
@@ -68,12 +71,24 @@ class EventQuery(_Query):
         return min(self.limit, MAX_EVENT_LIMIT)
 
 
+JobIdArg = ClusterArg  # the same rule: optional, blank means absent, no NUL
 class FeedQuery(EventQuery):
     """``GET /api/events``: the cursor plus job and cluster filters."""
 
-    job_id: Annotated[
-        str | None, Field(default=None, max_length=MAX_ID_LENGTH, pattern=_NO_NUL), AfterValidator(_blank_is_none)
-    ] = None
+    job_id: JobIdArg = None
+
+
+class JobStreamQuery(ClusterQuery):
+    """``GET /api/jobs/{id}/events/stream``: where to resume, and which statuses to send."""
+
+    after: Cursor | None = None
+    status: JobStatus | None = None
+
+
+class StreamQuery(JobStreamQuery):
+    """``GET /api/events/stream``: the job stream's parameters plus a job id filter."""
+
+    job_id: JobIdArg = None
 
 
 class LogUploadQuery(ClusterQuery):

@@ -50,13 +50,16 @@ _COUNTED = (
 # would miss the smaller one forever. One advisory lock, taken before the id is drawn
 # (the MATERIALIZED CTE is evaluated first) and held to COMMIT, makes commit order equal
 # id order. It is the last lock the transaction takes, which also rules out deadlocks.
+# Every event notifies this channel with its id when it commits (NOTIFY is transactional):
+# each process's stream hub listens, as a wake-up hint (collector/fanout.py).
+EVENT_CHANNEL = "collector_events"
 SAVE_WITH_EVENT = (
     f"WITH {_UPDATED}, "
     "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(feed_namespace)s, 0) AS locked), "
     "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at) "
     "SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s FROM feed_lock RETURNING id), "
     + _COUNTED.format(source="feed_lock, ")
-    + " SELECT id FROM event"
+    + f" SELECT id, pg_notify('{EVENT_CHANNEL}', id::text) AS notified FROM event"
 )
 SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT NULL"
 

@@ -1,0 +1,85 @@
+"""Server-sent event streams: every job event as it commits, resumable by event id."""
+
+from __future__ import annotations
+
+import random
+
+from flask import Blueprint
+from flask import Response
+from flask import current_app
+from flask import request
+
+from collector import fanout
+from collector.api import checked_job_id
+from collector.api import parse_query
+from collector.api.queries import MAX_CURSOR
+from collector.api.queries import JobStreamQuery
+from collector.api.queries import StreamQuery
+from collector.db import transaction
+from collector.errors import APIError
+from collector.errors import Unprocessable
+from collector.store import jobs as job_store
+
+bp = Blueprint("streams", __name__)
+
+_HEADERS = {
+    # no-transform: a compressing proxy would hold events back to fill its blocks.
+    "Cache-Control": "no-cache, no-transform",
+    # nginx buffers proxied responses unless told otherwise, per response.
+    "X-Accel-Buffering": "no",
+}
+
+
+@bp.get("/api/events/stream")
+def all_events():
+    """Every job's events as they commit, optionally filtered by job id, cluster and status."""
+    query = parse_query(StreamQuery)
+    where = fanout.Filter(job_id=query.job_id, cluster=query.cluster, status=_status(query))
+    return _stream(where, query.after)
+
+
+@bp.get("/api/jobs/<job_id>/events/stream")
+def job_events(job_id: str):
+    """One job's events as they commit."""
+    query = parse_query(JobStreamQuery)
+    job_id = checked_job_id(job_id)
+    job_pk, _cluster = transaction(lambda conn: job_store.resolve(conn, job_id, query.cluster))
+    return _stream(fanout.Filter(job_pk=job_pk, status=_status(query)), query.after)
+
+
+def _status(query: JobStreamQuery) -> str | None:
+    return query.status.value if query.status else None
+
+
+def _resume_from(after: int | None) -> int | None:
+    # A reconnecting EventSource repeats its original URL (with any ?after=) and adds
+    # Last-Event-ID, which is newer, so the header wins.
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if not header:
+        return after
+    if not header.isdigit() or int(header) > MAX_CURSOR:
+        raise Unprocessable(f"Last-Event-ID must be an event id (an integer from 0 to {MAX_CURSOR}), got {header[:40]!r}")
+    return int(header)
+
+
+def _stream(where: fanout.Filter, after: int | None) -> Response:
+    settings = current_app.config["COLLECTOR_SETTINGS"]
+    hub = fanout.get_hub()
+    cursor = _resume_from(after)
+    try:
+        hub.acquire()
+    except fanout.Unavailable as exc:
+        raise APIError(f"{exc}; retry shortly", status=503, headers={"Retry-After": "5"}) from None
+    try:
+        if cursor is None:
+            cursor = hub.live_edge()
+    except fanout.Unavailable as exc:
+        hub.release()
+        raise APIError(str(exc), status=503, headers={"Retry-After": "5"}) from None
+    # Jittered, so streams opened together (after a deploy, say) do not all reconnect together.
+    lifetime = settings.stream_max_lifetime_s * random.uniform(0.9, 1.0)
+    body = fanout.frames(hub, cursor, where, settings, lifetime=lifetime)
+    response = Response(body, mimetype="text/event-stream", headers=_HEADERS, direct_passthrough=True)
+    # Not a finally in the generator: one that never started never runs it.
+    response.call_on_close(hub.release)
+    return response

@@ -1,0 +1,69 @@
+"""The streams' reads: events after a cursor, each with its job as it is now."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+from sqlalchemy import func
+from sqlalchemy import select
+
+from collector.contract import JobSummary
+from collector.contract import StreamEvent
+from collector.models import JobEvent
+from collector.store.identity import JOBS
+from collector.store.identity import wire_cluster
+from collector.store.jobs import SUMMARY_COLUMNS
+
+EVENTS = JobEvent.__table__
+_SELECT = select(
+    EVENTS.c.id,
+    EVENTS.c.job_pk,
+    EVENTS.c.status.label("event_status"),
+    EVENTS.c.stage.label("event_stage"),
+    EVENTS.c.message.label("event_message"),
+    EVENTS.c.created_at.label("event_created_at"),
+    *(JOBS.c[name] for name in SUMMARY_COLUMNS),
+).join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
+_NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
+
+
+def newest_id(conn: Connection) -> int:
+    """The id of the newest committed event (0 for an empty feed): the live edge."""
+    return conn.execute(_NEWEST).scalar_one()
+
+
+def page(
+    conn: Connection,
+    *,
+    after: int,
+    limit: int,
+    job_pk: int | None = None,
+    job_id: str | None = None,
+    cluster: str | None = None,
+    status: str | None = None,
+) -> list[tuple[int, StreamEvent]]:
+    """Up to ``limit`` events with ``id > after``, oldest first, as (job primary key, event)."""
+    query = _SELECT.where(EVENTS.c.id > after)
+    if job_pk is not None:
+        query = query.where(EVENTS.c.job_pk == job_pk)
+    if job_id is not None:
+        query = query.where(JOBS.c.job_id == job_id)
+    if cluster is not None:
+        query = query.where(JOBS.c.cluster == cluster)
+    if status is not None:
+        query = query.where(EVENTS.c.status == status)
+    rows = conn.execute(query.order_by(EVENTS.c.id).limit(limit)).mappings()
+    return [(row["job_pk"], _event(row)) for row in rows]
+
+
+def _event(row) -> StreamEvent:
+    cluster = wire_cluster(row["cluster"])
+    return StreamEvent(
+        id=row["id"],
+        job_id=row["job_id"],
+        cluster=cluster,
+        status=row["event_status"],
+        stage=row["event_stage"],
+        message=row["event_message"],
+        created_at=row["event_created_at"],
+        job=JobSummary(**{**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": cluster}),
+    )
