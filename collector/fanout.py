@@ -111,6 +111,7 @@ class Hub:
         self._closed = False
         self._poked = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = 0  # consecutive failures of the reader, for back-off and logging
         self._start_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(settings.max_streams) if settings.max_streams else None
         self._gap_readers = threading.BoundedSemaphore(GAP_READERS)
@@ -190,21 +191,19 @@ class Hub:
     # -- the reader thread -------------------------------------------------------
 
     def _run(self) -> None:
-        failures = 0
         while not self._closed:
             try:
                 if self.settings.is_sqlite:
                     self._poll()
                 else:
-                    self._listen(lambda: failures == 0 or log.info("event listener is back"))
-                failures = 0
+                    self._listen()
             except Exception as exc:  # noqa: BLE001 - the thread must outlive any outage
-                failures += 1
-                if failures == 1:
+                self._failures += 1
+                if self._failures == 1:
                     log.warning("event feed reader failed (%s); retrying, streams poll meanwhile", _first_line(exc))
                 # Retry at once (a terminated listener reconnects in milliseconds), then
                 # back off; meanwhile streams still get what a poll of the feed finds.
-                self._poll_for(min(0.5 * 2 ** (failures - 2), 5.0) if failures > 1 else 0)
+                self._poll_for(min(0.5 * 2 ** (self._failures - 2), 5.0) if self._failures > 1 else 0)
 
     def _poll_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -219,14 +218,17 @@ class Hub:
     def _poll(self) -> None:
         while not self._closed:
             self._refresh()
+            self._failures = 0
             if self._poked.wait(self.settings.stream_poll_s):
                 self._poked.clear()
                 time.sleep(BATCH_WINDOW)
 
-    def _listen(self, connected) -> None:
+    def _listen(self) -> None:
         with self._listener() as conn:
             conn.execute(f"LISTEN {EVENT_CHANNEL}")
-            connected()
+            if self._failures:
+                log.info("event listener reconnected after %d failed attempt(s)", self._failures)
+                self._failures = 0
             # LISTEN first, then read: whatever committed before it took effect is read
             # now, whatever commits after it notifies.
             self._refresh()

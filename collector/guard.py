@@ -76,7 +76,8 @@ class Guard:
         if allowed:
             response.headers["Access-Control-Allow-Origin"] = allowed
             response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
-            response.headers["Access-Control-Allow-Headers"] = "Authorization"
+            # Last-Event-ID: a page resuming a stream with fetch sends it (EventSource does too).
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Last-Event-ID"
             response.headers["Access-Control-Max-Age"] = "600"
         return response
 

@@ -116,7 +116,7 @@ def test_preflight_is_answered_before_auth(cors):
     assert response.status_code == 204
     assert response.headers["Access-Control-Allow-Origin"] == "https://zhongshan.example"
     assert response.headers["Access-Control-Allow-Methods"] == "GET, HEAD, OPTIONS"
-    assert response.headers["Access-Control-Allow-Headers"] == "Authorization"
+    assert response.headers["Access-Control-Allow-Headers"] == "Authorization, Last-Event-ID"
 
 
 def test_preflight_from_unlisted_origin_gets_no_grant(cors):

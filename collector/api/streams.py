@@ -79,7 +79,7 @@ def _stream(where: fanout.Filter, after: int | None) -> Response:
     # Jittered, so streams opened together (after a deploy, say) do not all reconnect together.
     lifetime = settings.stream_max_lifetime_s * random.uniform(0.9, 1.0)
     body = fanout.frames(hub, cursor, where, settings, lifetime=lifetime)
-    response = Response(body, mimetype="text/event-stream", headers=_HEADERS, direct_passthrough=True)
+    response = Response(body, mimetype="text/event-stream", headers=_HEADERS)
     # Not a finally in the generator: one that never started never runs it.
     response.call_on_close(hub.release)
     return response
