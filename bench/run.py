@@ -3,6 +3,7 @@
     python -m bench.run                 # full run: PostgreSQL (collector vs baseline) and SQLite
     python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
     python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
+    python -m bench.run --only streams --backends postgres   # 500 event streams under a paced PUT load
 
 Servers start fresh on loopback ephemeral ports and stop by PID; databases created for
 the run are dropped after it. Load comes from wrk (Debian package `wrk`).
@@ -32,6 +33,7 @@ from sqlalchemy.pool import NullPool
 
 from bench import blobs
 from bench import seed
+from bench import streams
 from collector.migrations import upgrade
 from collector.settings import database_url
 from tests.processes import ServerProcess
@@ -163,6 +165,8 @@ BLOB_SCENARIOS = ["logs_ingest", "logs_tail", "capture_rss"]
 LOG_CHUNK = 256 * 1024
 # One wrk thread per connection, so each connection is one job and file whose chunks stay in order.
 LOG_CONNECTIONS = 8
+# Event streams (PostgreSQL, collector only): bench/streams.py.
+STREAM_SCENARIOS = ["streams"]
 
 
 def selected(args, scenarios: list) -> list:
@@ -294,6 +298,51 @@ def check_logs(url: str, result: Result) -> list[str]:
     return problems
 
 
+def run_streams(args, rows: list[dict]) -> None:
+    """Subscribers on GET /api/events/stream while lifecycle PUTs arrive: delivery latency, missing
+    events, and what the streams cost the writes (the same collector without subscribers is the baseline)."""
+    dbs = Databases(args.pg_url)
+    try:
+        db = dbs.create()
+        server = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+            COLLECTOR_DATABASE_URL=db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+            COLLECTOR_ACCESS_LOG_LEVEL="warning", COLLECTOR_STREAM_HEARTBEAT="30"))
+        try:
+            result = streams.measure(
+                server.url, TOKEN, server.proc.pid, db, subscribers=args.subscribers, rate=args.rate,
+                duration=args.duration, rounds=args.rounds, quick=args.quick, env=child_env(),
+                run_id=lambda: uuid.uuid4().hex[:8],
+                max_throughput=lambda seconds: wrk(server.url, "put", token=TOKEN, close=True, duration=seconds,
+                                                   connections=16))
+        except (streams.StreamsFailure, OSError) as exc:
+            rows.append(stream_row(args.subscribers, "FAILED", None, None, "-", error=str(exc)))
+            return
+        finally:
+            server.stop()
+    finally:
+        dbs.drop_all()
+    for measure, value, vs, target in streams.report(result):
+        rows.append(stream_row(args.subscribers, measure, value, vs, target))
+    rows[-1]["notes"] = streams.notes(result)
+    if result.problems:
+        rows.append(stream_row(args.subscribers, "problems", None, None, "none",
+                               error="; ".join(result.problems[:5])))
+
+
+def stream_row(subscribers: int, measure: str, value: float | None, vs: float | None, target: str, *,
+               error: str | None = None) -> dict:
+    """A row of the streams table, as blob_row: ``value``, what it is compared with, their ratio."""
+    return {"table": "streams", "backend": "postgres", "scenario": "streams", "subscribers": subscribers,
+            "measure": measure, "value": value, "vs": vs, "ratio": value / vs if value is not None and vs else None,
+            "target": target, "error": error}
+
+
+def streams_table(rows: list[dict]) -> list[str]:
+    """The streams scenario: one measure per row (ratio = value / vs), then its notes."""
+    notes = [note for r in rows for note in r.get("notes", [])]
+    return measure_table(rows, "subscribers", "subscribers") + ([""] + notes if notes else [])
+
+
 def blob_row(scenario: str, file_mib, measure: str, value: float | None, vs: float | None, target: str, *,
              error: str | None = None) -> dict:
     """A row of the blob table: ``value`` (collector), what it is compared with, and their ratio."""
@@ -362,7 +411,8 @@ def row(backend: str, scenario: str, n, collector: Result | None, baseline: Resu
 
 def table(rows: list[dict]) -> str:
     blob = [r for r in rows if r.get("table") == "blob"]
-    rows = [r for r in rows if r.get("table") != "blob"]
+    stream = [r for r in rows if r.get("table") == "streams"]
+    rows = [r for r in rows if r.get("table") not in ("blob", "streams")]
     lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -374,21 +424,29 @@ def table(rows: list[dict]) -> str:
             f"{c['p99_ms']:.1f}" if c else "-", (c["non2xx"] + c["socket_errors"]) if c else "-",
             f"{b['requests_per_s']:.0f}" if b else "-", f"{b['p99_ms']:.1f}" if b else "-", ratio))
     growth = growth_lines(rows)
-    return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else []))
+    if not rows:
+        lines = []
+    return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else [])
+                     + ([""] + streams_table(stream) if stream else [])).strip("\n")
 
 
 def blob_table(rows: list[dict]) -> list[str]:
     """Streamed logs and captures: one measure per row, with what it is compared against (ratio = value / vs)."""
+    return measure_table(rows, "file MiB", "file_mib")
+
+
+def measure_table(rows: list[dict], heading: str, key: str) -> list[str]:
+    """Rows of (measure, value, vs, ratio, target) with one scenario-specific column."""
     def num(v):
         return "-" if v is None else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
-    lines = ["| backend | scenario | file MiB | measure | value | vs | ratio | target |",
+    lines = [f"| backend | scenario | {heading} | measure | value | vs | ratio | target |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measure = f"FAILED: {r['error']}" if r["error"] else r["measure"]
         measure = measure.replace("|", "\\|").replace("\n", " ")
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        lines.append(f"| {r['backend']} | {r['scenario']} | {r['file_mib']} | {measure} | {num(r['value'])} | "
+        lines.append(f"| {r['backend']} | {r['scenario']} | {r[key]} | {measure} | {num(r['value'])} | "
                      f"{num(r['vs'])} | {ratio} | {r['target']} |")
     return lines
 
@@ -420,10 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--blob-mib", type=int, default=256,
                         help="size of the logs_tail log and the capture_rss segment, in MiB (1 MiB chunks)")
+    parser.add_argument("--subscribers", type=int, default=500, help="open event streams in the streams scenario")
+    parser.add_argument("--rate", type=float, default=100, help="paced PUTs per second in the streams scenario")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration, args.sizes, args.blob_mib = 1, 2, "200", 8
+        args.rounds, args.duration, args.sizes, args.blob_mib, args.subscribers = 1, 2, "200", 8, 20
     if args.blob_mib < 2:
         parser.error("--blob-mib must be at least 2")
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -434,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="collector-bench-") as tmp:
         work = Path(tmp)
         if "postgres" in args.backends:
-            run_postgres(args, rows, work)
+            if selected(args, WRITE_SCENARIOS + READ_SCENARIOS + BLOB_SCENARIOS):
+                run_postgres(args, rows, work)
+            if selected(args, STREAM_SCENARIOS):
+                run_streams(args, rows)
         if "sqlite" in args.backends:
             run_sqlite(args, rows, work)
     print(table(rows))
@@ -442,13 +505,14 @@ def main(argv: list[str] | None = None) -> int:
           f"duration={args.duration}s, 16 connections ({LOG_CONNECTIONS} for logs_ingest)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    failures = [r for r in rows if r.get("table") != "blob" for side in ("collector", "baseline") if r[side]
+    failures = [r for r in rows if r.get("table") not in ("blob", "streams") for side in ("collector", "baseline") if r[side]
                 and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
     if args.quick and failures:
         print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends", file=sys.stderr)
         return 1
-    # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote: never a pass.
-    broken = [r for r in rows if r.get("table") == "blob" and r["error"]]
+    # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote, the streams
+    # scenario on a non-2xx, a stream that did not open or ended, or a missing event: never a pass.
+    broken = [r for r in rows if r.get("table") in ("blob", "streams") and r["error"]]
     for r in broken:
         print(f"\n{r['scenario']} failed: {r['error']}", file=sys.stderr)
     return 1 if broken else 0

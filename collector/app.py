@@ -7,11 +7,14 @@ import logging
 from flask import Flask
 
 from collector import db
+from collector.admission import Admission
 from collector import errors
 from collector import fanout
 from collector import guard
+from collector import metrics
 from collector import ui
 from collector.api import captures
+from collector.api import clusters
 from collector.api import events
 from collector.api import jobs
 from collector.api import logs
@@ -35,9 +38,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     database = db.Database(settings)
     db.init_app(app, database)
     fanout.init_app(app, database, settings)
-    for blueprint in (system.bp, jobs.bp, logs.bp, captures.bp, events.bp, streams.bp, ui.bp):
+    metrics.init_app(app, database)
+    for blueprint in (system.bp, jobs.bp, clusters.bp, logs.bp, captures.bp, events.bp, streams.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
+    app.wsgi_app = Admission(app.wsgi_app, settings.request_threads)
     logger = logging.getLogger("collector")
     if logger.level == logging.NOTSET:
         # INFO by default (one line per transition); a logging config that set a level wins.

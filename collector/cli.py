@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 
 import click
 
@@ -35,7 +36,8 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     from collector.app import create_app
     from collector.app import prepare_to_serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from collector import log_format
+
     try:
         settings = Settings.from_env(
             host=host,
@@ -46,6 +48,9 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
             allow_unauthenticated=allow_unauthenticated,
             cors_origins=cors_origins or None,
         )
+        # Before the app exists, so its first line is in the chosen format too; an unknown
+        # format logs as text until check() refuses it just below.
+        log_format.configure(settings.log_format)
         app = create_app(settings)
         prepare_to_serve(app)
     except SettingsError as exc:
@@ -62,8 +67,24 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     except KeyboardInterrupt:
         pass
     finally:
+        _end_streams(app)
         server.server_close()
         log.info("collector stopped")
+
+
+def _end_streams(app, grace: float = 5.0) -> None:
+    """Tell open streams the server is stopping and give them ``grace`` seconds to say so.
+
+    Werkzeug's request threads are daemons: without this wait the process would exit
+    mid-frame and clients would see a cut connection instead of the shutdown comment.
+    """
+    from collector.fanout import get_hub
+
+    hub = get_hub(app)
+    hub.close()
+    deadline = time.monotonic() + grace
+    while hub.open_streams and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _quiet_handler():
@@ -158,6 +179,47 @@ def recount(db) -> None:
     click.echo("job counts rebuilt")
 
 
+@db_group.command("grant-readonly")
+@db_option
+@click.option("--password-env", metavar="VAR", default=None,
+              help="Variable holding the role's password (needed to create the role; omit to only re-grant).")
+@click.argument("role")
+def grant_readonly(db, password_env, role) -> None:
+    """Create or update LOGIN role ROLE that can read only the collector_api views (PostgreSQL)."""
+    import os
+
+    import psycopg
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from collector import grants
+
+    problem = grants.role_name_problem(role)
+    if problem:
+        raise click.BadParameter(problem, param_hint="ROLE")
+    url = _database_url(db)
+    if make_url(url).get_backend_name() != "postgresql":
+        raise click.ClickException("grant-readonly needs PostgreSQL: SQLite has no roles and no collector_api "
+                                   "views (dashboards read PostgreSQL only)")
+    password = None
+    if password_env:
+        # Read from the environment, never argv: a command line is visible to every local user.
+        password = os.environ.get(password_env)
+        if not password:
+            raise click.ClickException(f"{password_env} is not set or empty: export the role's password in it")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            outcome = grants.grant_readonly(conn.connection.driver_connection, role, password)
+    except grants.GrantError as exc:
+        raise click.ClickException(str(exc)) from None
+    except psycopg.Error as exc:
+        raise click.ClickException(f"PostgreSQL refused: {exc.diag.message_primary or exc}") from None
+    finally:
+        engine.dispose()
+    click.echo(f"role {role} {outcome}: it can read the {grants.API_SCHEMA} views of {_redacted(url)}")
+
+
 @main.command()
 @click.option("--older-than", "days", type=click.FloatRange(min=0), required=True, metavar="DAYS",
               help="Prune jobs finished (last updated) more than DAYS days ago.")
@@ -193,6 +255,18 @@ def prune(days, cluster, status, logs_only, dry_run, batch_size, db) -> None:
         click.echo(f"{verb} {blobs} of {pruned.jobs} jobs finished before {selection.cutoff.isoformat()}")
     else:
         click.echo(f"{verb} {pruned.jobs} jobs finished before {selection.cutoff.isoformat()}, with {blobs}")
+
+
+@main.command()
+def openapi() -> None:
+    """Print the OpenAPI document (docs/openapi.json is this output)."""
+    import json
+
+    from collector.app import create_app
+    from collector.openapi import document
+
+    # Building the app reads settings but opens no connection; the document needs neither.
+    click.echo(json.dumps(document(create_app(Settings(database_url="sqlite://"))), indent=2))
 
 
 def _ensure_sqlite_dir(url: str) -> None:

@@ -169,6 +169,30 @@ class JobUpdatePayload(_Payload):
         return _CLUSTER_NAME.validate_python((self.metadata or {}).get("cluster"))
 
 
+class ErrorResponse(BaseModel):
+    """The envelope of every error; some errors add fields (``errors``, ``clusters``, ``file``...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    detail: str
+    request_id: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+class HealthResponse(BaseModel):
+    """``GET /api/health``."""
+
+    status: str
+
+
+class ReadyResponse(BaseModel):
+    """``GET /api/ready``: 200 when the database answers at the schema this code needs, else 503."""
+
+    status: str
+    database: str
+    revision: str | None
+
+
 class JobResponse(BaseModel):
     """Response of POST and PUT."""
 
@@ -237,9 +261,25 @@ class JobListResponse(BaseModel):
     """A page of the job list."""
 
     jobs: list[JobSummary]
+    # With ``q=``, counting stops at 10,000 matches: ``total_exact`` false, ``total`` a floor.
     total: int
     page: int
     per_page: int
+    total_exact: bool = True
+
+
+class ClusterCounts(BaseModel):
+    """One cluster (null: jobs whose cluster is not known yet) and its jobs by status."""
+
+    cluster: str | None
+    total: int
+    statuses: dict[str, int]
+
+
+class ClusterListResponse(BaseModel):
+    """``GET /api/clusters``: every cluster that holds a job, by name."""
+
+    clusters: list[ClusterCounts]
 
 
 class JobEventListResponse(BaseModel):

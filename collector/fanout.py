@@ -29,6 +29,7 @@ import psycopg
 from flask import Flask
 from flask import current_app
 
+from collector import metrics
 from collector.contract import StreamEvent
 from collector.db import Database
 from collector.settings import Settings
@@ -113,7 +114,7 @@ class Hub:
         self._thread: threading.Thread | None = None
         self._failures = 0  # consecutive failures of the reader, for back-off and logging
         self._start_lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(settings.max_streams) if settings.max_streams else None
+        self._slots = threading.BoundedSemaphore(settings.max_streams) if settings.max_streams > 0 else None
         self._gap_readers = threading.BoundedSemaphore(GAP_READERS)
         self._count_lock = threading.Lock()
         self.open_streams = 0
@@ -147,11 +148,13 @@ class Hub:
             raise Unavailable(f"this server process holds its maximum of {self.settings.max_streams} streams")
         with self._count_lock:
             self.open_streams += 1
+        metrics.stream_opened()
 
     def release(self) -> None:
         """Give a stream slot back."""
         with self._count_lock:
             self.open_streams -= 1
+        metrics.stream_closed()
         self._slots.release()
 
     def live_edge(self, timeout: float = 10.0) -> int:
@@ -283,7 +286,7 @@ class Hub:
 
 def _event_id(payload: str) -> int:
     # Anything but an id (someone else's NOTIFY on the channel) is a reason to read, not to fail.
-    return int(payload) if payload.isdigit() else sys.maxsize
+    return int(payload) if payload.isascii() and payload.isdigit() else sys.maxsize
 
 
 def _first_line(exc: BaseException) -> str:

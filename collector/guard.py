@@ -14,10 +14,15 @@ from flask import g
 from flask import request
 
 from collector.errors import error_response
+from collector.log_format import redact_query
 from collector.settings import Settings
 
-# Routes that reveal nothing about jobs: uptime checks, readiness probes, the static page.
-OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/", "/index.html"})
+# Routes that reveal nothing about jobs: uptime checks, readiness probes, the static
+# page (and its files, collector/ui.py), the API's description, and (unless
+# COLLECTOR_METRICS_AUTH=token) the metrics.
+METRICS_PATH = "/metrics"
+PAGE_PATHS = frozenset({"/", "/index.html", "/app.css", "/client.js", "/live.js", "/blobs.js", "/app.js"})
+OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/api/openapi.json", METRICS_PATH}) | PAGE_PATHS
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CORS_METHODS = "GET, HEAD, OPTIONS"
 access_log = logging.getLogger("collector.access")
@@ -41,6 +46,11 @@ def _matches(given: str | None, expected: str | None) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+def open_paths(settings: Settings) -> frozenset[str]:
+    """The paths served without a token under ``settings``."""
+    return OPEN_PATHS if settings.metrics_auth == "open" else OPEN_PATHS - {METRICS_PATH}
+
+
 class Guard:
     """The checks every request passes, in the order the spec requires."""
 
@@ -48,6 +58,7 @@ class Guard:
         self.settings = settings
         self.any_origin = "*" in settings.cors_origins
         self.origins = frozenset(settings.cors_origins)
+        self.open_paths = open_paths(settings)
 
     def allowed_origin(self, origin: str | None) -> str | None:
         """The value for Access-Control-Allow-Origin, or None when the origin is not listed."""
@@ -84,7 +95,7 @@ class Guard:
     def authenticate(self) -> Response | None:
         """401 for a missing or wrong token, 403 for the read token on a write."""
         settings = self.settings
-        if request.path in OPEN_PATHS or not settings.write_token:
+        if request.path in self.open_paths or not settings.write_token:
             return None
         token = _bearer()
         # Compare against both tokens every time so timing does not tell which one matched.
@@ -122,14 +133,28 @@ class Guard:
         if not access_log.isEnabledFor(logging.INFO):
             return
         elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
+        # A token a client put in the URL must not reach the log: credential-like values are replaced.
+        query = redact_query(request.query_string.decode(errors="replace"))
+        # The same facts as keys, for the JSON format (COLLECTOR_LOG_FORMAT=json); bytes is
+        # None for a streamed body, whose length is unknown when the line is written.
+        fields = {
+            "method": request.method,
+            "path": request.path,
+            "query": query or None,
+            "status": response.status_code,
+            "duration_ms": round(elapsed_ms, 1),
+            "bytes": response.content_length,
+            "remote": request.remote_addr,
+        }
         access_log.info(
             '%s "%s %s" %d %.1fms request_id=%s',
             request.remote_addr or "-",
             request.method,
-            request.full_path.rstrip("?") if request.query_string else request.path,
+            f"{request.path}?{query}" if query else request.path,
             response.status_code,
             elapsed_ms,
             g.get("request_id", "-"),
+            extra=fields,
         )
 
 

@@ -14,6 +14,10 @@ DEFAULT_READ_TOKEN_ENV = "SRTCTL_STATUS_READ_TOKEN"
 # Every body, a log or capture chunk included: the srtctl streamer sends chunks of at
 # most 1 MiB, so the guard's Content-Length check is also the chunk limit.
 MAX_BODY_BYTES = 1024 * 1024
+# COLLECTOR_LOG_FORMAT: the historical text lines, or one JSON object per line (collector/log_format.py).
+LOG_FORMATS = ("text", "json")
+# Who may scrape /metrics: anyone (like /api/health), or a client with either token.
+METRICS_AUTH = ("open", "token")
 
 
 class SettingsError(ValueError):
@@ -94,9 +98,16 @@ class Settings:
     # How often a process reads the feed when nothing wakes it: the only wake-up on
     # SQLite, a fallback on PostgreSQL while its LISTEN connection is down.
     stream_poll_s: float = 0.5
+    # Ordinary requests one process runs at once (collector/admission.py); gunicorn's
+    # thread count per worker is this plus max_streams.
+    request_threads: int = 8
     # Streams one process holds at once; each holds a thread (deploy/gunicorn.conf.py
     # adds this many threads to every worker, so writes keep theirs).
     max_streams: int = 500
+    # How every log line is written, under `collector serve` and gunicorn alike.
+    log_format: str = "text"
+    # /metrics: "open" like /api/health, or "token" (the read token or the write token).
+    metrics_auth: str = "open"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -123,6 +134,9 @@ class Settings:
             stream_max_lifetime_s=_float(env, "COLLECTOR_STREAM_MAX_LIFETIME", 900.0),
             stream_poll_s=_float(env, "COLLECTOR_STREAM_POLL_INTERVAL", 0.5),
             max_streams=_int(env, "COLLECTOR_MAX_STREAMS", 500),
+            request_threads=_int(env, "COLLECTOR_THREADS", 8),
+            log_format=(env.get("COLLECTOR_LOG_FORMAT") or "text").strip().lower(),
+            metrics_auth=(env.get("COLLECTOR_METRICS_AUTH") or "open").strip().lower(),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "database_url" in overrides and overrides["database_url"] is not None:
@@ -157,5 +171,17 @@ class Settings:
         for name in ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number of seconds")
+        if self.request_threads < 1:
+            raise SettingsError("request_threads (COLLECTOR_THREADS) must be at least 1")
         if self.max_streams < 0:
             raise SettingsError("max_streams must be zero (streams off) or more")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"COLLECTOR_LOG_FORMAT must be 'text' or 'json', got {self.log_format!r}")
+        if self.metrics_auth not in METRICS_AUTH:
+            raise SettingsError(f"COLLECTOR_METRICS_AUTH must be 'open' or 'token', got {self.metrics_auth!r}")
+        if self.metrics_auth == "token" and not self.write_token:
+            # With no write token every route is open, /metrics too: refuse rather than serve it open.
+            raise SettingsError(
+                f"COLLECTOR_METRICS_AUTH=token needs the tokens set: set ${self.token_env} "
+                f"(and ${self.read_token_env} for the scraper), or COLLECTOR_METRICS_AUTH=open"
+            )

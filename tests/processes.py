@@ -80,8 +80,10 @@ class ServerProcess:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without collector/srtctl settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLECTOR_", "SRTCTL_"))}
+    """The test process's environment without collector/srtctl/Prometheus settings, plus ``extra``."""
+    # A shared PROMETHEUS_MULTIPROC_DIR would mix the metrics of every server started.
+    prefixes = ("COLLECTOR_", "SRTCTL_", "PROMETHEUS_", "_COLLECTOR_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from tests.reporter import Reporter
 
@@ -487,3 +488,154 @@ def test_list_totals_follow_every_kind_of_write(api, database):
             where = " AND ".join(f"{k} = :{k}" for k in params) or "1 = 1"
             expected = database.scalar(f"SELECT count(*) FROM jobs WHERE {where}", **params)
             assert api.get("/api/jobs", params=params).json()["total"] == expected, params
+
+
+# ---------------------------------------------------------------- search and sort
+
+
+def seed_search(api):
+    """Six jobs on two clusters (and one with none) whose text differs in every searched column."""
+    jobs = [
+        ("9", "a", "Llama-70B sweep", "recipes/llama.yaml", ["suite:KV-router", "pipeline:1"]),
+        ("10", "b", "deepseek_r1 50% load", None, ["suite:disagg"]),
+        ("100", "a", "qwen plain", "recipes/qwen_fp8.yaml", None),
+        ("11", "b", "back\\slash name", "recipes/other.yaml", "solo-tag"),
+        ("12", "a", "numbers", None, [4242, {"nested": "deep"}]),
+    ]
+    for i, (job_id, cluster, name, recipe, tags) in enumerate(jobs):
+        metadata = {"tags": tags} if tags is not None else {"model": {"path": "/m/llama"}}
+        body = {"job_id": job_id, "job_name": name, "cluster": cluster, "recipe": recipe,
+                "submitted_at": f"2025-01-26T10:0{i}:00Z", "metadata": metadata}
+        assert api.post("/api/jobs", json=body).status_code == 201
+    # Updated in another order than submitted, and statuses spread over the lifecycle.
+    put(api, "9", "completed", updated_at="2025-01-26T11:09:00Z", metadata={"cluster": "a"})
+    put(api, "100", "workers", updated_at="2025-01-26T11:05:00Z", metadata={"cluster": "a"})
+    put(api, "11", "failed", updated_at="2025-01-26T11:07:00Z", metadata={"cluster": "b"})
+    put(api, "13", "benchmark", updated_at="2025-01-26T11:01:00Z")  # placeholder, no cluster
+
+
+def ids(api, **params):
+    response = api.get("/api/jobs", params=params)
+    assert response.status_code == 200, response.text
+    return [job["job_id"] for job in response.json()["jobs"]]
+
+
+@pytest.mark.parametrize(
+    "q, expected",
+    [
+        ("10", ["100", "10"]),                    # job id substring
+        ("LLAMA", ["9"]),                         # name and recipe, any case; not model.path
+        ("qwen_fp8", ["100"]),                    # recipe only
+        ("kv-router", ["9"]),                     # a tag, any case
+        ("solo", ["11"]),                         # a lone string counts as one tag
+        ("deep", ["10"]),                         # name; a nested object in tags is not a tag
+        ("4242", []),                             # neither is a number
+        ("50%", ["10"]),                          # % is literal
+        ("_", ["100", "10"]),                     # so is _ (qwen_fp8, deepseek_r1), not "any character"
+        ("\\", ["11"]),                           # and the escape character itself
+        ("job-13", ["13"]),                       # a placeholder's name
+        ("  suite:  ", ["10", "9"]),              # surrounding blanks are dropped
+        ("nowhere", []),
+    ],
+)
+def test_search_matches_id_name_recipe_and_tags(api, q, expected):
+    seed_search(api)
+    assert ids(api, q=q) == expected
+    assert api.get("/api/jobs", params={"q": q}).json()["total"] == len(expected)
+
+
+@pytest.mark.parametrize("q", ["Zürich", "ZÜRICH", 'say "hi"', "back\\slash", "tab\there"])
+def test_search_finds_tags_that_json_stores_escaped(api, q):
+    # Quotes, backslashes, controls and non-ASCII letters are escaped in the stored JSON text.
+    tags = ["site:Zürich", 'note:say "hi"', "path:back\\slash", "tab\there"]
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "esc", "metadata": {"tags": tags}})
+    api.post("/api/jobs", json={**SUBMIT, "job_id": "other", "metadata": {"tags": ["plain"]}})
+    found = ids(api, q=q)
+    # SQLite's LIKE folds ASCII letters only, so Ü does not match ü there.
+    assert found == ([] if q == "ZÜRICH" and not api.settings.database_url.startswith("postgresql") else ["esc"])
+
+
+def test_blank_search_is_no_search(api):
+    seed_search(api)
+    listed = api.get("/api/jobs", params={"q": "   "}).json()
+    assert listed["total"] == 6 and listed["total_exact"] is True
+    assert [j["job_id"] for j in listed["jobs"]] == ["13", "12", "11", "100", "10", "9"]
+
+
+def test_search_combines_with_filters_and_pages(api):
+    seed_search(api)
+    assert ids(api, q="e", cluster="a") == ["12", "100", "9"]
+    assert ids(api, q="e", cluster="a", status="workers") == ["100"]
+    first = api.get("/api/jobs", params={"q": "e", "per_page": 2}).json()
+    second = api.get("/api/jobs", params={"q": "e", "per_page": 2, "page": 2}).json()
+    third = api.get("/api/jobs", params={"q": "e", "per_page": 2, "page": 3}).json()
+    assert [j["job_id"] for j in first["jobs"] + second["jobs"] + third["jobs"]] == ["12", "11", "100", "10", "9"]
+    assert (first["total"], second["total"], third["total"]) == (5, 5, 5)
+    assert all(page["total_exact"] for page in (first, second, third))
+    beyond = api.get("/api/jobs", params={"q": "e", "per_page": 2, "page": 9}).json()
+    assert (beyond["jobs"], beyond["total"], beyond["total_exact"]) == ([], 5, True)
+
+
+def test_search_total_stops_counting_at_ten_thousand(api, database):
+    seed_search(api)
+    # Straight into the table: ten thousand POSTs would take minutes, and the count only reads jobs.
+    rows = [{"cluster": "bulk", "job_id": f"bulk-{n}", "job_name": "bulk job", "status": "submitted",
+             "submitted_at": "2025-01-01 00:00:00", "updated_at": "2025-01-01 00:00:00"} for n in range(10_001)]
+    with database.engine.begin() as conn:
+        conn.execute(text("INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, "
+                          "updated_at) VALUES (:cluster, :job_id, :job_name, false, :status, :submitted_at, "
+                          ":updated_at)"), rows)
+    capped = api.get("/api/jobs", params={"q": "bulk", "per_page": 3}).json()
+    assert (capped["total"], capped["total_exact"]) == (10_000, False)
+    assert len(capped["jobs"]) == 3
+    exact = api.get("/api/jobs", params={"q": "bulk-1000"}).json()  # bulk-1000 and bulk-10000
+    assert (exact["total"], exact["total_exact"]) == (2, True)
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({}, ["13", "12", "11", "100", "10", "9"]),
+        ({"sort": "submitted"}, ["13", "12", "11", "100", "10", "9"]),
+        ({"sort": "submitted", "order": "asc"}, ["9", "10", "100", "11", "12", "13"]),
+        ({"sort": "updated"}, ["9", "11", "100", "13", "12", "10"]),
+        ({"sort": "updated", "order": "asc"}, ["10", "12", "13", "100", "11", "9"]),
+        # Numeric ids in numeric order.
+        ({"sort": "job_id"}, ["9", "10", "11", "12", "13", "100"]),
+        ({"sort": "job_id", "order": "desc"}, ["100", "13", "12", "11", "10", "9"]),
+        # Lifecycle order; ties newest submitted first.
+        ({"sort": "status"}, ["12", "10", "100", "13", "9", "11"]),
+        ({"sort": "status", "order": "desc"}, ["11", "9", "13", "100", "12", "10"]),
+        # By name, the cluster-less job first (its cluster is ''); ties newest first.
+        ({"sort": "cluster"}, ["13", "12", "100", "9", "11", "10"]),
+        ({"sort": "cluster", "order": "desc"}, ["11", "10", "12", "100", "9", "13"]),
+    ],
+)
+def test_sort_orders(api, params, expected):
+    seed_search(api)
+    assert ids(api, **params) == expected
+
+
+def test_sorted_pages_partition_the_list(api):
+    seed_search(api)
+    for sort in ("submitted", "updated", "job_id", "status", "cluster"):
+        whole = ids(api, sort=sort)
+        paged = [job for page in (1, 2, 3) for job in ids(api, sort=sort, per_page=2, page=page)]
+        assert paged == whole, sort
+
+
+@pytest.mark.parametrize(
+    "params, field, message",
+    [
+        ({"sort": "name"}, "sort", "Input should be 'submitted', 'updated', 'job_id', 'status' or 'cluster'"),
+        ({"order": "up"}, "order", "Input should be 'asc' or 'desc'"),
+        ({"q": "x" * 201}, "q", "String should have at most 200 characters"),
+        ({"q": "a\u0000b"}, "q", "String should match pattern"),
+    ],
+)
+def test_bad_search_or_sort_is_422_naming_the_allowed_values(api, params, field, message):
+    response = api.get("/api/jobs", params=params)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["errors"][0]["loc"] == ["query", field]
+    assert body["detail"].startswith(f"invalid query: {field}: {message}")

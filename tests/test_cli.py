@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 
 import pytest
+from alembic.script import ScriptDirectory
 
+from collector.migrations import alembic_config
+from collector.migrations import head_revision
 from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
@@ -144,4 +147,5 @@ def test_db_downgrade_takes_a_relative_revision(new_database):
     result = run(collector_command("db", "downgrade", "--db", url, "-1"), child_env())
     assert result.returncode == 0, result.stderr
     current = run(collector_command("db", "current", "--db", url), child_env())
-    assert current.stdout.startswith("0002 (behind")
+    before_head = ScriptDirectory.from_config(alembic_config(url)).get_revision(head_revision()).down_revision
+    assert current.stdout.startswith(f"{before_head} (behind")

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import runpy
+import shutil
+import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
+import pytest
 import requests
 
 from tests.processes import ROOT
@@ -14,6 +19,12 @@ from tests.processes import collector_command
 from tests.processes import run
 
 CONFIG = ROOT / "deploy" / "gunicorn.conf.py"
+
+
+@pytest.fixture(autouse=True)
+def metrics_dir(monkeypatch, tmp_path):
+    """Loading the config sets PROMETHEUS_MULTIPROC_DIR in this process: a test directory, unset afterwards."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
 
 
 def test_gunicorn_config_reads_collector_variables(monkeypatch):
@@ -73,3 +84,22 @@ def test_prune_timer_runs_the_prune_unit_with_the_collector_environment(database
     result = run(collector_command(*args, "--dry-run", "--db", database.url), child_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("would remove 0 jobs finished before ")
+
+
+def test_systemd_units_pass_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("needs systemd-analyze (Debian package systemd; .ci/run installs it)")
+    # verify checks that each ExecStart program exists: point them at this interpreter's scripts.
+    scripts = sysconfig.get_path("scripts")
+    units = []
+    for source in sorted((ROOT / "deploy").glob("collector*.[st]*")):
+        if source.suffix not in (".service", ".timer"):
+            continue
+        unit = tmp_path / source.name
+        unit.write_text(source.read_text().replace("/opt/collector/venv/bin/", scripts + "/"))
+        units.append(str(unit))
+    assert [Path(u).name for u in units] == ["collector-migrate.service", "collector-prune.service",
+                                             "collector-prune.timer", "collector.service"]
+    result = subprocess.run([analyze, "verify", *units], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, "")

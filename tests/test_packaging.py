@@ -32,7 +32,8 @@ def test_wheel_contains_migrations_and_ui(wheel):
     assert "collector/_alembic/env.py" in names
     assert "collector/_alembic/script.py.mako" in names
     assert any(n.startswith("collector/_alembic/versions/") and n.endswith(".py") for n in names)
-    assert "collector/_ui/index.html" in names
+    page = {f"collector/_ui/{path.name}" for path in (ROOT / "ui").iterdir() if path.is_file()}
+    assert page and page <= names  # every file of the page, not only index.html
     assert not any(n.startswith("tests/") for n in names)
 
 

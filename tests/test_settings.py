@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,54 @@ def test_no_token_off_loopback_refuses_to_start(tmp_path):
 def test_no_token_off_loopback_is_allowed_when_asked(tmp_path):
     serve_check(tmp_path, host="0.0.0.0", allow_unauthenticated=True)
     serve_check(tmp_path, host="0.0.0.0", write_token="w")
+
+
+STREAM_VARIABLES = {"COLLECTOR_STREAM_HEARTBEAT": "2.5", "COLLECTOR_STREAM_MAX_LIFETIME": "60",
+                    "COLLECTOR_STREAM_POLL_INTERVAL": "0.05", "COLLECTOR_MAX_STREAMS": "7", "COLLECTOR_THREADS": "3"}
+DEFAULTS = (30.0, 900.0, 0.5, 500, 8)
+
+
+def stream_settings(settings):
+    return (settings.stream_heartbeat_s, settings.stream_max_lifetime_s, settings.stream_poll_s, settings.max_streams,
+            settings.request_threads)
+
+
+def test_stream_variables_and_their_defaults():
+    assert stream_settings(Settings.from_env(STREAM_VARIABLES)) == (2.5, 60.0, 0.05, 7, 3)
+    assert stream_settings(Settings.from_env({})) == DEFAULTS
+    # An empty variable (a blank line in an EnvironmentFile) means the default, as for the others.
+    assert stream_settings(Settings.from_env(dict.fromkeys(STREAM_VARIABLES, ""))) == DEFAULTS
+
+
+@pytest.mark.parametrize(
+    "name, value, kind",
+    [("COLLECTOR_STREAM_HEARTBEAT", "30s", "a number"), ("COLLECTOR_STREAM_MAX_LIFETIME", "15m", "a number"),
+     ("COLLECTOR_STREAM_POLL_INTERVAL", "fast", "a number"), ("COLLECTOR_MAX_STREAMS", "2.5", "an integer")],
+)
+def test_bad_stream_variable_is_an_error_naming_it(name, value, kind):
+    with pytest.raises(SettingsError, match=f"^{name} must be {kind}, got '{value}'$"):
+        Settings.from_env({**STREAM_VARIABLES, name: value})
+
+
+STREAM_FIELDS = ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s", "max_streams", "request_threads")
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [("COLLECTOR_STREAM_HEARTBEAT", "0", "stream_heartbeat_s must be a positive number of seconds"),
+     ("COLLECTOR_STREAM_MAX_LIFETIME", "-5", "stream_max_lifetime_s must be a positive number of seconds"),
+     ("COLLECTOR_STREAM_POLL_INTERVAL", "0", "stream_poll_s must be a positive number of seconds"),
+     ("COLLECTOR_STREAM_POLL_INTERVAL", "nan", "stream_poll_s must be a positive number of seconds"),
+     ("COLLECTOR_MAX_STREAMS", "-1", "max_streams must be zero (streams off) or more"),
+     ("COLLECTOR_THREADS", "0", "request_threads (COLLECTOR_THREADS) must be at least 1")],
+)
+def test_out_of_range_stream_variable_refuses_to_start(tmp_path, name, value, message):
+    settings = Settings.from_env({**STREAM_VARIABLES, name: value})  # a number, so parsing takes it
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}$"):
+        settings.check()
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}$"):
+        serve_check(tmp_path, **{field: getattr(settings, field) for field in STREAM_FIELDS})
+
+
+def test_zero_max_streams_is_allowed(tmp_path):
+    serve_check(tmp_path, max_streams=0)  # streams off: every stream request answers 503

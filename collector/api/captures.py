@@ -8,6 +8,7 @@ from urllib.parse import quote
 from flask import Blueprint
 from flask import Response
 
+from collector import metrics
 from collector.api import checked_job_id
 from collector.api import parse_query
 from collector.api import read_body
@@ -22,11 +23,16 @@ from collector.db import transaction
 from collector.store import blobs
 from collector.store import captures as capture_store
 from collector.store import jobs as job_store
+from collector.openapi import BINARY
+from collector.openapi import JSON
+from collector.openapi import RAW
+from collector.openapi import operation
 
 bp = Blueprint("captures", __name__, url_prefix="/api/jobs")
 
 
 @bp.post("/<job_id>/captures")
+@operation(query=CaptureUploadQuery, body={BINARY: RAW}, responses={200: CaptureUploadResponse}, errors=(409,))
 def upload_capture(job_id: str):
     """Store one sequential chunk of a capture segment."""
     job_id = checked_job_id(job_id)
@@ -35,16 +41,18 @@ def upload_capture(job_id: str):
     now = dt.datetime.now(dt.timezone.utc)
 
     def store(conn):
-        job_pk, _ = job_store.ensure(conn, job_id, query.cluster, now)
-        return job_pk, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
+        job_pk, _, created = job_store.ensure(conn, job_id, query.cluster, now)
+        return job_pk, created, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
 
-    job_pk, progress = transaction(store, write=True)
+    job_pk, created, progress = transaction(store, write=True)
+    metrics.stored_upload("captures", progress.new_bytes, created)
     if progress.completed_now:
         capture_store.seal(get_db().run, job_pk, query.file)
     return respond(CaptureUploadResponse(job_id=job_id, next_offset=progress.next_offset, complete=progress.complete))
 
 
 @bp.get("/<job_id>/captures")
+@operation(query=BlobReadQuery, responses={200: {JSON: CaptureFileList, BINARY: RAW}}, errors=(404, 409))
 def read_captures(job_id: str):
     """Without ``file``, the job's segments; with it, a complete segment's bytes."""
     job_id = checked_job_id(job_id)

@@ -10,11 +10,13 @@ from collector.api.queries import FeedQuery
 from collector.contract import EventFeedResponse
 from collector.db import transaction
 from collector.store import events as event_store
+from collector.openapi import operation
 
 bp = Blueprint("events", __name__, url_prefix="/api/events")
 
 
 @bp.get("")
+@operation(query=FeedQuery, responses={200: EventFeedResponse})
 def feed():
     """Events after a cursor, optionally for one job id and/or one cluster."""
     query = parse_query(FeedQuery)

@@ -7,6 +7,7 @@ import logging
 from flask import Blueprint
 
 from collector import fanout
+from collector import metrics
 from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
@@ -22,8 +23,12 @@ from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
 from collector.db import transaction
 from collector.store import events as event_store
+from collector.store import job_list
 from collector.store import jobs as job_store
 from collector.store.jobs import WriteResult
+from collector.contract import JobDetail
+from collector.openapi import JSON
+from collector.openapi import operation
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
 log = logging.getLogger("collector.jobs")
@@ -33,6 +38,7 @@ def _written(result: WriteResult, status: int) -> object:
     if result.event is not None:
         # PostgreSQL tells every process (NOTIFY); SQLite's only wake-up besides polling.
         fanout.get_hub().poke()
+        metrics.event_appended()
         event = result.event
         log.info(
             "job %s%s -> %s/%s: %s",
@@ -46,6 +52,7 @@ def _written(result: WriteResult, status: int) -> object:
 
 
 @bp.post("")
+@operation(body={JSON: JobCreatePayload}, responses={201: JobResponse}, errors=(409,))
 def create_job():
     """Record a submitted job; a repeat completes identity and never rewinds status."""
     payload = parse_body(JobCreatePayload)
@@ -53,6 +60,7 @@ def create_job():
 
 
 @bp.put("/<job_id>")
+@operation(body={JSON: JobUpdatePayload}, responses={200: JobResponse}, errors=(409,))
 def update_job(job_id: str):
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     checked_job_id(job_id)
@@ -61,6 +69,7 @@ def update_job(job_id: str):
 
 
 @bp.get("/<job_id>")
+@operation(query=ClusterQuery, responses={200: JobDetail}, errors=(404, 409))
 def get_job(job_id: str):
     """One job with its events."""
     query = parse_query(ClusterQuery)
@@ -69,22 +78,28 @@ def get_job(job_id: str):
 
 
 @bp.get("")
+@operation(query=JobListQuery, responses={200: JobListResponse})
 def list_jobs():
-    """Jobs newest first, one page at a time."""
+    """Jobs newest first (or as ``sort`` and ``order`` say), filtered and searched, one page at a time."""
     query = parse_query(JobListQuery)
-    jobs, total = transaction(
-        lambda conn: job_store.page(
+    found = transaction(
+        lambda conn: job_list.page(
             conn,
             page=query.page,
             per_page=query.limit,
             status=query.status.value if query.status else None,
             cluster=query.cluster,
+            q=query.q,
+            sort=query.sort.value,
+            descending=query.descending,
         )
     )
-    return respond(JobListResponse(jobs=jobs, total=total, page=query.page, per_page=query.limit))
+    return respond(JobListResponse(jobs=found.jobs, total=found.total, page=query.page, per_page=query.limit,
+                                   total_exact=found.exact))
 
 
 @bp.get("/<job_id>/events")
+@operation(query=EventQuery, responses={200: JobEventListResponse}, errors=(404, 409))
 def job_events(job_id: str):
     """One job's events after a cursor."""
     query = parse_query(EventQuery)
@@ -103,6 +118,7 @@ def job_events(job_id: str):
 
 
 @bp.delete("/<job_id>")
+@operation(query=ClusterQuery, responses={200: DeleteResponse}, errors=(404, 409))
 def delete_job(job_id: str):
     """Remove a job and everything stored under it."""
     query = parse_query(ClusterQuery)

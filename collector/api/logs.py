@@ -7,6 +7,7 @@ import datetime as dt
 from flask import Blueprint
 from flask import request
 
+from collector import metrics
 from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
@@ -23,11 +24,17 @@ from collector.contract import LogUploadResponse
 from collector.db import transaction
 from collector.store import jobs as job_store
 from collector.store import logs as log_store
+from collector.openapi import BINARY
+from collector.openapi import JSON
+from collector.openapi import RAW
+from collector.openapi import operation
 
 bp = Blueprint("logs", __name__, url_prefix="/api/jobs")
 
 
 @bp.post("/<job_id>/logs")
+@operation(query=LogUploadQuery, body={BINARY: RAW, JSON: LegacyLogPayload}, responses={200: LogUploadResponse},
+           errors=(409,))
 def upload_logs(job_id: str):
     """Store log bytes at their source offset (raw body, or the legacy JSON chunk list)."""
     job_id = checked_job_id(job_id)
@@ -41,16 +48,19 @@ def upload_logs(job_id: str):
         cluster = query.cluster
         chunks = [(query.file, query.offset, read_body(), query.final)]
 
-    def store(conn) -> bool:
-        job_pk, _ = job_store.ensure(conn, job_id, cluster, now)
-        stored = [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
-                  for name, offset, data, final in chunks]
-        return any(stored)
+    def store(conn) -> tuple[bool, list[log_store.Appended]]:
+        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now)
+        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
+                         for name, offset, data, final in chunks]
 
-    return respond(LogUploadResponse(job_id=job_id, stored=int(transaction(store, write=True))))
+    created, appended = transaction(store, write=True)
+    # Counted after the commit: a rolled-back upload (a 409) stored nothing.
+    metrics.stored_upload("logs", sum(a.new_bytes for a in appended), created)
+    return respond(LogUploadResponse(job_id=job_id, stored=int(any(a.changed for a in appended))))
 
 
 @bp.get("/<job_id>/logs")
+@operation(query=BlobReadQuery, responses={200: {JSON: (LogFileList, LogContent)}}, errors=(404, 409))
 def read_logs(job_id: str):
     """Without ``file``, the job's log files; with it, text from ``offset``."""
     job_id = checked_job_id(job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -17,10 +18,16 @@ from collector.contract import Offset
 MAX_PER_PAGE = 100
 MAX_EVENT_LIMIT = 1000
 MAX_CURSOR = 2**63 - 1
+MAX_SEARCH_LENGTH = 200
 
 
 def _blank_is_none(value: str | None) -> str | None:
     return value if value else None
+
+
+def _trimmed(value: str | None) -> str | None:
+    # A pasted search often carries a stray space; blank means no search at all.
+    return value.strip() or None if value else None
 
 
 # ``?cluster=`` (empty) means "no cluster given", as if the parameter were absent.
@@ -45,6 +52,25 @@ class ClusterQuery(_Query):
     cluster: ClusterArg = None
 
 
+class JobSort(str, enum.Enum):
+    """What ``GET /api/jobs`` can be ordered by."""
+
+    SUBMITTED = "submitted"
+    UPDATED = "updated"
+    JOB_ID = "job_id"
+    STATUS = "status"
+    CLUSTER = "cluster"
+
+
+class SortOrder(str, enum.Enum):
+    ASC = "asc"
+    DESC = "desc"
+
+
+# Times read newest first unless told otherwise; names and statuses read A to Z.
+DEFAULT_ORDER = {JobSort.SUBMITTED: SortOrder.DESC, JobSort.UPDATED: SortOrder.DESC}
+
+
 class JobListQuery(_Query):
     """``GET /api/jobs``; ``per_page`` above the maximum is clamped, not refused."""
 
@@ -53,6 +79,21 @@ class JobListQuery(_Query):
     per_page: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 50
     status: JobStatus | None = None
     cluster: ClusterArg = None
+    q: Annotated[
+        str | None,
+        Field(default=None, max_length=MAX_SEARCH_LENGTH, pattern=_NO_NUL,
+              description="case-insensitive substring of the job id, name, recipe or a tag"),
+        AfterValidator(_trimmed),
+    ] = None
+    sort: Annotated[JobSort, Field(description="what the list is ordered by")] = (
+        JobSort.SUBMITTED)
+    order: Annotated[
+        SortOrder | None, Field(description="default: desc for submitted and updated, asc for the others")
+    ] = None
+
+    @property
+    def descending(self) -> bool:
+        return (self.order or DEFAULT_ORDER.get(self.sort, SortOrder.ASC)) is SortOrder.DESC
 
     @property
     def limit(self) -> int:

@@ -19,8 +19,12 @@ from collector.db import transaction
 from collector.errors import APIError
 from collector.errors import Unprocessable
 from collector.store import jobs as job_store
+from collector.openapi import EVENT_STREAM
+from collector.openapi import SSE
+from collector.openapi import operation
 
 bp = Blueprint("streams", __name__)
+RESUME = {"Last-Event-ID": "resume after this event id (wins over ?after=)"}
 
 _HEADERS = {
     # no-transform: a compressing proxy would hold events back to fill its blocks.
@@ -31,6 +35,7 @@ _HEADERS = {
 
 
 @bp.get("/api/events/stream")
+@operation(query=StreamQuery, headers=RESUME, responses={200: {EVENT_STREAM: SSE}})
 def all_events():
     """Every job's events as they commit, optionally filtered by job id, cluster and status."""
     query = parse_query(StreamQuery)
@@ -39,6 +44,7 @@ def all_events():
 
 
 @bp.get("/api/jobs/<job_id>/events/stream")
+@operation(query=JobStreamQuery, headers=RESUME, responses={200: {EVENT_STREAM: SSE}}, errors=(404, 409))
 def job_events(job_id: str):
     """One job's events as they commit."""
     query = parse_query(JobStreamQuery)
@@ -57,7 +63,7 @@ def _resume_from(after: int | None) -> int | None:
     header = request.headers.get("Last-Event-ID", "").strip()
     if not header:
         return after
-    if not header.isdigit() or int(header) > MAX_CURSOR:
+    if not (header.isascii() and header.isdigit()) or int(header) > MAX_CURSOR:
         raise Unprocessable(f"Last-Event-ID must be an event id (an integer from 0 to {MAX_CURSOR}), got {header[:40]!r}")
     return int(header)
 

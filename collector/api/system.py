@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint
+from flask import current_app
 from flask import g
 from flask import jsonify
 from sqlalchemy.exc import SQLAlchemyError
@@ -13,18 +14,33 @@ from collector.db import get_db
 from collector.migrations import current_revision
 from collector.migrations import head_revision
 from collector.migrations import is_behind
+from collector.contract import HealthResponse
+from collector.contract import ReadyResponse
+from collector.api import respond
+from collector.openapi import JSON
+from collector.openapi import operation
+from collector.openapi import served
 
 bp = Blueprint("system", __name__, url_prefix="/api")
 log = logging.getLogger("collector")
 
 
 @bp.get("/health")
+@operation(responses={200: HealthResponse})
 def health():
     """The process is up; says nothing else."""
-    return jsonify(status="ok")
+    return respond(HealthResponse(status="ok"))
+
+
+@bp.get("/openapi.json")
+@operation(responses={200: {JSON: {"type": "object", "description": "this document"}}})
+def openapi_document():
+    """The OpenAPI 3.1 document of this collector, built from its routes and models."""
+    return jsonify(served(current_app))
 
 
 @bp.get("/ready")
+@operation(responses={200: ReadyResponse, 503: ReadyResponse})
 def ready():
     """The database answers and its schema is the one this code needs."""
     try:
@@ -34,11 +50,11 @@ def ready():
         log.warning("readiness: database unreachable [request_id=%s]: %s", g.get("request_id"),
                     str(exc).strip().splitlines()[0])
         kind = type(getattr(exc, "orig", None) or exc).__name__
-        return jsonify(status="unavailable", database=f"unreachable ({kind}); see the server log",
-                       revision=None), 503
+        return respond(ReadyResponse(status="unavailable", database=f"unreachable ({kind}); see the server log",
+                                     revision=None), 503)
     head = head_revision()
     if is_behind(revision):
         at = f"at {revision}" if revision else "not migrated"
         problem = f"schema {at}, code needs {head}: run `collector db upgrade`"
-        return jsonify(status="unavailable", database=problem, revision=revision), 503
-    return jsonify(status="ok", database="ok", revision=revision)
+        return respond(ReadyResponse(status="unavailable", database=problem, revision=revision), 503)
+    return respond(ReadyResponse(status="ok", database="ok", revision=revision))

@@ -22,11 +22,12 @@ from collector.store import blobs
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """A chunk's answer, as the reporter checks it, and whether this chunk completed the segment."""
+    """A chunk's answer, as the reporter checks it, whether this chunk completed the segment, and its new bytes."""
 
     next_offset: int
     complete: bool
     completed_now: bool = False
+    new_bytes: int = 0
 
 
 def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, data: bytes, *,
@@ -60,7 +61,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
         blobs.insert_chunk(conn, file["id"], offset, data)
     complete = end == total
     blobs.update_file(conn, file, updated_at=now, size=end, stored_end=end, done=complete)
-    return Progress(end, complete, completed_now=complete)
+    return Progress(end, complete, completed_now=complete, new_bytes=len(data))
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:

@@ -44,6 +44,15 @@ def total(conn: Connection, *, status: str | None = None, cluster: str | None = 
     return int(conn.scalar(query))
 
 
+def by_cluster(conn: Connection) -> dict[str, dict[str, int]]:
+    """Every cluster that holds a job (``''`` for none known) and its non-zero counts by status."""
+    rows = conn.execute(select(COUNTS.c.cluster, COUNTS.c.status, COUNTS.c.jobs).where(COUNTS.c.jobs > 0))
+    found: dict[str, dict[str, int]] = {}
+    for cluster, status, jobs in rows:
+        found.setdefault(cluster, {})[status] = int(jobs)
+    return found
+
+
 def recount(conn: Connection) -> None:
     """Rebuild every count from the jobs table (after edits made behind the collector's back)."""
     conn.execute(delete(COUNTS))

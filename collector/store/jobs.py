@@ -1,4 +1,4 @@
-"""Jobs: submit, update, read, list and delete, with the built-in collector's repair rules."""
+"""Jobs: submit, update, read and delete, with the built-in collector's repair rules."""
 
 from __future__ import annotations
 
@@ -6,14 +6,12 @@ import dataclasses
 import datetime as dt
 
 from sqlalchemy import delete
-from sqlalchemy import select
 from sqlalchemy import Connection
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobDetail
 from collector.contract import JobEventRecord
 from collector.contract import JobStatus
-from collector.contract import JobSummary
 from collector.contract import JobUpdatePayload
 from collector.store import counts
 from collector.store import events
@@ -29,7 +27,6 @@ from collector.store.identity import wire_cluster
 
 SUMMARY_COLUMNS = ("job_id", "job_name", "status", "stage", "message", "cluster", "submitted_at", "started_at",
                    "completed_at", "updated_at", "exit_code")
-_SUMMARY_SELECT = [JOBS.c[name] for name in SUMMARY_COLUMNS]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,22 +152,24 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
     return _result(row, writes.save(conn, row, original, before, payload.updated_at, commit=True))
 
 
-def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime) -> tuple[int, str | None]:
-    """The job a blob upload lands on (primary key, wire cluster), as a PUT would resolve it.
+def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime) -> tuple[int, str | None, bool]:
+    """The job a blob upload lands on (primary key, wire cluster), as a PUT would resolve it, and whether it is new.
 
-    A job with no row yet gets a placeholder in ``submitted``; a cluster named by the
-    upload claims a cluster-less row. Holds the job id's write lock until commit.
+    A job with no row yet gets a placeholder in ``submitted`` (and with it an event,
+    hence the flag); a cluster named by the upload claims a cluster-less row. Holds the
+    job id's write lock until commit.
     """
     row = find_for_write(conn, job_id, cluster)
     if row is None:
         row = _new_row(cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=placeholder_name(job_id),
                        is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now)
         writes.save(conn, row, None, None, now)
+        return row["id"], wire_cluster(row["cluster"]), True
     elif cluster and row["cluster"] == NO_CLUSTER:
         original = dict(row)
         claim(row, cluster)
         writes.save(conn, row, original, _triple(row), now)
-    return row["id"], wire_cluster(row["cluster"])
+    return row["id"], wire_cluster(row["cluster"]), False
 
 
 def _summary_fields(row) -> dict:
@@ -195,26 +194,6 @@ def resolve(conn: Connection, job_id: str, cluster: str | None) -> tuple[int, st
     """The primary key and wire cluster of the job a read names."""
     row = find_for_read(conn, job_id, cluster)
     return row["id"], wire_cluster(row["cluster"])
-
-
-def page(
-    conn: Connection, *, page: int, per_page: int, status: str | None = None, cluster: str | None = None
-) -> tuple[list[JobSummary], int]:
-    """A newest-first page of jobs and the number matching the filters."""
-    filters = []
-    if status is not None:
-        filters.append(JOBS.c.status == status)
-    if cluster is not None:
-        filters.append(JOBS.c.cluster == cluster)
-    total = counts.total(conn, status=status, cluster=cluster)
-    rows = conn.execute(
-        select(*_SUMMARY_SELECT)
-        .where(*filters)
-        .order_by(JOBS.c.submitted_at.desc(), JOBS.c.id.desc())
-        .limit(per_page)
-        .offset((page - 1) * per_page)
-    ).mappings()
-    return [JobSummary(**_summary_fields(row)) for row in rows], total
 
 
 def remove(conn: Connection, job_id: str, cluster: str | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import datetime as dt
 from typing import Any
+from typing import NamedTuple
 
 from sqlalchemy import Connection
 
@@ -25,9 +26,16 @@ def _range_conflict(name: str, lo: int, hi: int, why: str) -> Conflict:
     return Conflict(f"bytes {lo}-{hi} of {name} {why}", extra={"file": name, "range": [lo, hi]})
 
 
+class Appended(NamedTuple):
+    """What an upload changed: anything at all (bytes or the final mark), and how many bytes are new."""
+
+    changed: bool
+    new_bytes: int
+
+
 def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *, final: bool,
-           now: dt.datetime) -> bool:
-    """Store the new bytes of ``data`` at ``offset``; True if anything changed.
+           now: dt.datetime) -> Appended:
+    """Store the new bytes of ``data`` at ``offset``; say whether anything changed and how many bytes are new.
 
     Ranges in the errors are half-open, ``[lo, hi)``.
     """
@@ -70,7 +78,7 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
         changes.update(size=size, stored_end=max(file["stored_end"], end))
     if changes:
         blobs.update_file(conn, file, updated_at=now, **changes)
-    return bool(changes or new_ranges)
+    return Appended(bool(changes or new_ranges), sum(hi - lo for lo, hi in new_ranges))
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:

@@ -1,0 +1,196 @@
+"""Prometheus metrics: every metric the collector exports, what feeds them, and ``/metrics``.
+
+Under gunicorn each worker writes its metrics to files in ``PROMETHEUS_MULTIPROC_DIR``
+(deploy/gunicorn.conf.py sets it up) and a scrape, answered by any worker, adds up the
+files of all of them. prometheus_client picks that mode when it is first imported, from
+that variable, so the variable must be set before anything imports collector (the
+gunicorn config sets it before its own first import); ``collector serve`` leaves it
+unset and a scrape reads this process's registry. Values read from the database at
+scrape time (the clusters' report ages) are computed by the scraping process and never
+written to the files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterator
+
+from flask import Blueprint
+from flask import Flask
+from flask import Response
+from flask import g
+from flask import request
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import REGISTRY
+from prometheus_client import Counter
+from prometheus_client import Gauge
+from prometheus_client import Histogram
+from prometheus_client import disable_created_metrics
+from prometheus_client import generate_latest
+from prometheus_client import values
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from sqlalchemy import Engine
+from sqlalchemy import event
+from sqlalchemy.exc import SQLAlchemyError
+
+from collector.db import Database
+from collector.db import get_db
+from collector.guard import METRICS_PATH
+from collector.openapi import operation
+from collector.store import activity
+
+log = logging.getLogger("collector")
+
+# The mode prometheus_client chose at its import, not the variable now: they differ if
+# the variable was set after the import, and the files would then be empty.
+MULTIPROCESS = bool(getattr(values.ValueClass, "_multiprocess", False))
+# The *_created series double the series count and do not exist in multiprocess mode.
+disable_created_metrics()
+
+# Methods are labels as they are; anything else (any token is a valid method) is "other",
+# so a client cannot grow the label set.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+UNMATCHED = "unmatched"
+# Requests here take milliseconds; the defaults start at 5 ms and would lump them together.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+EXPOSITION = {"type": "string", "description": "the Prometheus text exposition format"}
+
+REQUESTS = Counter(
+    "collector_http_requests", "HTTP requests answered, by route template, method and status.",
+    ["route", "method", "status"],
+)
+DURATION = Histogram(
+    "collector_http_request_duration_seconds",
+    "Time from the start of a request to its response (a stream's: to its headers).",
+    ["route", "method"], buckets=_BUCKETS,
+)
+INGESTED_BYTES = Counter(
+    "collector_ingested_bytes", "Log and capture bytes newly stored (repeats of stored bytes not counted).",
+    ["kind"],
+)
+EVENTS_APPENDED = Counter("collector_events_appended", "Job events written to the feed.")
+OPEN_STREAMS = Gauge("collector_open_streams", "Event streams open now.", multiprocess_mode="livesum")
+POOL_CONNECTIONS = Gauge(
+    "collector_db_pool_connections", "Database connections of the pools, checked out by a request or idle.",
+    ["state"], multiprocess_mode="livesum",
+)
+for _kind in ("logs", "captures"):
+    INGESTED_BYTES.labels(kind=_kind)  # present at 0 from the start, so rate() has a base
+_CHECKED_OUT = POOL_CONNECTIONS.labels(state="checked_out")
+_IDLE = POOL_CONNECTIONS.labels(state="idle")
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get(METRICS_PATH)
+@operation(responses={200: {"text/plain": EXPOSITION}})
+def scrape():
+    """Prometheus metrics of every process of this collector."""
+    return Response(generate_latest(_Scrape(get_db())), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class _Scrape:
+    """What one scrape exports: the processes' metrics and the values read from the database now."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def collect(self) -> Iterator:
+        """Yield every metric family of the scrape."""
+        if MULTIPROCESS:
+            yield from MultiProcessCollector(None).collect()
+        else:
+            yield from REGISTRY.collect()
+        yield from _database_families(self.database)
+
+
+def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
+    up = GaugeMetricFamily("collector_database_up", "1 if this scrape's database query succeeded, else 0.")
+    try:
+        reports = database.run(activity.last_reports)
+    except SQLAlchemyError as exc:
+        # The rest of the scrape is worth most while the database is down: answer it.
+        log.warning("metrics: database query failed: %s", str(exc).strip().splitlines()[0])
+        up.add_metric([], 0)
+        yield up
+        return
+    up.add_metric([], 1)
+    yield up
+    ages = GaugeMetricFamily(
+        "collector_cluster_last_report_age_seconds",
+        "Seconds since the newest updated_at a job of the cluster reported (reporter clocks).",
+        labels=["cluster"],
+    )
+    now = dt.datetime.now(dt.timezone.utc)
+    for cluster, last in reports:
+        ages.add_metric([cluster], (now - last).total_seconds())
+    yield ages
+
+
+def _observe(response: Response) -> Response:
+    rule = request.url_rule
+    # The rule's template (/api/jobs/<job_id>), never the path: the label set stays bounded.
+    route = rule.rule if rule is not None else UNMATCHED
+    method = request.method if request.method in _METHODS else "other"
+    REQUESTS.labels(route, method, str(response.status_code)).inc()
+    # The guard's start (its first hook), so this and the access log's time agree.
+    DURATION.labels(route, method).observe(time.perf_counter() - g.get("started", time.perf_counter()))
+    return response
+
+
+def stored_upload(kind: str, new_bytes: int, created_job: bool) -> None:
+    """Count a committed log or capture upload: its new bytes, and the event of a placeholder job it created."""
+    if new_bytes:
+        INGESTED_BYTES.labels(kind=kind).inc(new_bytes)
+    if created_job:
+        EVENTS_APPENDED.inc()
+
+
+def event_appended() -> None:
+    """Count a committed job event."""
+    EVENTS_APPENDED.inc()
+
+
+def stream_opened() -> None:
+    """Count a stream that took its slot."""
+    OPEN_STREAMS.inc()
+
+
+def stream_closed() -> None:
+    """Count a stream that gave its slot back."""
+    OPEN_STREAMS.dec()
+
+
+def watch_pool(engine: Engine) -> None:
+    """Keep the pool gauges in step with ``engine``'s pool.
+
+    Counted from the pool's events rather than sampled at scrape time, because in
+    multiprocess mode the scraping worker cannot sample the other workers' pools; each
+    worker's file holds its own counts and the scrape adds up the live workers'.
+    Idle counts open connections in the pool: one closed while checked out (invalidated)
+    is off the idle count until it is checked in, and a reconnect counts it again.
+    """
+    event.listen(engine, "connect", lambda *_: _IDLE.inc())
+    event.listen(engine, "close", lambda *_: _IDLE.dec())
+    event.listen(engine, "checkout", _checked_out)
+    event.listen(engine, "checkin", _checked_in)
+
+
+def _checked_out(*_) -> None:
+    _IDLE.dec()
+    _CHECKED_OUT.inc()
+
+
+def _checked_in(*_) -> None:
+    _CHECKED_OUT.dec()
+    _IDLE.inc()
+
+
+def init_app(app: Flask, database: Database) -> None:
+    """Count ``app``'s requests and ``database``'s pool, and serve ``/metrics``."""
+    watch_pool(database.engine)
+    app.after_request(_observe)
+    app.register_blueprint(bp)

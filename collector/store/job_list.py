@@ -1,0 +1,152 @@
+"""The job list: filters, search, sort orders and paging of ``GET /api/jobs``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from sqlalchemy import Connection
+from sqlalchemy import ColumnElement
+from sqlalchemy import and_
+from sqlalchemy import case
+from sqlalchemy import exists
+from sqlalchemy import func
+from sqlalchemy import literal
+from sqlalchemy import literal_column
+from sqlalchemy import or_
+from sqlalchemy import select
+from sqlalchemy import Text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from collector.contract import JobStatus
+from collector.contract import JobSummary
+from collector.store import counts
+from collector.store.identity import JOBS
+from collector.store.identity import is_postgres
+from collector.store.identity import wire_cluster
+from collector.store.jobs import SUMMARY_COLUMNS
+
+# A search has no maintained count, so its total is a COUNT over the matches; past this
+# many it stops counting (the page itself never needed more) and says the total is a floor.
+MAX_SEARCH_COUNT = 10_000
+_SUMMARY_SELECT = [JOBS.c[name] for name in SUMMARY_COLUMNS]
+_LIFECYCLE = {status.value: rank for rank, status in enumerate(JobStatus)}
+_ESCAPE = "\\"
+# Text that JSON may store escaped (quotes, backslashes, controls; non-ASCII, which
+# Python's json writes as \uXXXX): a search holding any cannot use the raw-text prefilter.
+_JSON_ESCAPED = re.compile(r'[^\x20-\x7e]|["\\]')
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPage:
+    """One page of the list, with the number of matching jobs (a floor when not ``exact``)."""
+
+    jobs: list[JobSummary]
+    total: int
+    exact: bool
+
+
+def like_pattern(text: str) -> str:
+    """``%text%`` with LIKE's wildcards and the escape character taken literally."""
+    escaped = text.replace(_ESCAPE, _ESCAPE * 2).replace("%", _ESCAPE + "%").replace("_", _ESCAPE + "_")
+    return f"%{escaped}%"
+
+
+def _tag_matches(conn: Connection, text: str, pattern: str) -> ColumnElement[bool]:
+    # Tags are whatever a reporter sent: the strings of a list, or a lone string, are
+    # searched; numbers, objects and anything else are not tags. The same on both databases.
+    if is_postgres(conn):
+        tags = JOBS.c["metadata"]["tags"]
+        kind = func.jsonb_typeof(tags)
+        # jsonb_array_elements refuses a non-array.
+        array = case((kind == "array", tags), (kind == "string", func.jsonb_build_array(tags)),
+                     else_=literal([], JSONB))
+        elements = func.jsonb_array_elements(array).table_valued("value").render_derived()
+        is_text = func.jsonb_typeof(elements.c.value) == "string"
+        value = elements.c.value.op("#>>", return_type=Text)(literal_column("'{}'"))
+    else:
+        # json_each walks an array's elements, and yields a lone value as one row.
+        elements = func.json_each(JOBS.c["metadata"], "$.tags").table_valued("value", "type")
+        is_text = elements.c.type == "text"
+        value = elements.c.value
+    matches = exists(select(1).select_from(elements).where(is_text, value.ilike(pattern, escape=_ESCAPE)))
+    if not _JSON_ESCAPED.search(text):
+        # Unpacking every row's tags is most of a search's cost. The tags' JSON text holds
+        # any tag's text verbatim unless JSON escapes it (quotes, backslashes, controls),
+        # so a LIKE over that text first rules out nearly every row for a fraction of it.
+        return and_(JOBS.c["metadata"]["tags"].as_string().ilike(pattern, escape=_ESCAPE), matches)
+    return matches
+
+
+def search(conn: Connection, text: str) -> ColumnElement[bool]:
+    """Jobs whose id, name, recipe or one of whose tags holds ``text``, ignoring case.
+
+    ILIKE on PostgreSQL; on SQLite lower() LIKE lower(), which folds ASCII letters only.
+    """
+    pattern = like_pattern(text)
+    columns = (JOBS.c.job_id, JOBS.c.job_name, JOBS.c.recipe)
+    return or_(*(column.ilike(pattern, escape=_ESCAPE) for column in columns), _tag_matches(conn, text, pattern))
+
+
+def _order(sort: str, descending: bool) -> list:
+    def direction(column):
+        return column.desc() if descending else column.asc()
+
+    if sort == "submitted":
+        # The index order (ix_jobs_*_submitted_at_id), read backwards for newest first.
+        return [direction(JOBS.c.submitted_at), direction(JOBS.c.id)]
+    if sort == "updated":
+        return [direction(JOBS.c.updated_at), direction(JOBS.c.id)]
+    if sort == "job_id":
+        # Slurm ids are numbers: shorter first puts 99 before 100 without casting.
+        primary = [direction(func.length(JOBS.c.job_id)), direction(JOBS.c.job_id), direction(JOBS.c.cluster)]
+    elif sort == "status":
+        # Lifecycle order (submitted ... completed, failed, timeout), not the alphabet.
+        primary = [direction(case(_LIFECYCLE, value=JOBS.c.status, else_=len(_LIFECYCLE)))]
+    elif sort == "cluster":
+        primary = [direction(JOBS.c.cluster)]
+    else:
+        raise ValueError(f"unknown sort {sort!r}")
+    # Ties newest first, ending on the primary key so every page boundary is stable.
+    return [*primary, JOBS.c.submitted_at.desc(), JOBS.c.id.desc()]
+
+
+def page(
+    conn: Connection,
+    *,
+    page: int,
+    per_page: int,
+    status: str | None = None,
+    cluster: str | None = None,
+    q: str | None = None,
+    sort: str = "submitted",
+    descending: bool = True,
+) -> JobPage:
+    """One page of jobs matching the filters and search, in the requested order."""
+    filters = []
+    if status is not None:
+        filters.append(JOBS.c.status == status)
+    if cluster is not None:
+        filters.append(JOBS.c.cluster == cluster)
+    if q is not None:
+        filters.append(search(conn, q))
+    rows = conn.execute(
+        select(*_SUMMARY_SELECT)
+        .where(*filters)
+        .order_by(*_order(sort, descending))
+        .limit(per_page)
+        .offset((page - 1) * per_page)
+    ).mappings().all()
+    if q is None:
+        total, exact = counts.total(conn, status=status, cluster=cluster), True
+    elif 0 < len(rows) < per_page or (page == 1 and not rows):
+        # A short page is the last one: it says the total without a second scan.
+        total, exact = (page - 1) * per_page + len(rows), True
+    else:
+        counted = conn.scalar(
+            select(func.count()).select_from(select(JOBS.c.id).where(*filters).limit(MAX_SEARCH_COUNT + 1).subquery())
+        )
+        total, exact = min(counted, MAX_SEARCH_COUNT), counted <= MAX_SEARCH_COUNT
+    jobs = [JobSummary(**{**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": wire_cluster(row["cluster"])})
+            for row in rows]
+    return JobPage(jobs=jobs, total=total, exact=exact)

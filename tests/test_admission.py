@@ -1,0 +1,63 @@
+"""The per-process cap on ordinary requests: a held response holds a slot, streams never do."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import requests
+
+from tests import sse
+from tests.test_api_captures import MiB
+from tests.test_api_captures import accepted
+
+SEGMENT = "out-0.parquet"
+# Larger than loopback's socket buffers, so an unread download keeps its request running.
+SIZE = 24 * MiB
+
+
+@pytest.fixture
+def one_slot(serve):
+    """A collector that runs one ordinary request at a time."""
+    return serve(write_token="w-" + uuid.uuid4().hex, request_threads=1, stream_heartbeat_s=0.3)
+
+
+def held_download(api) -> requests.Response:
+    """A capture download the client does not read: its request keeps running in the server."""
+    chunk = b"\xab" * MiB
+    for offset in range(0, SIZE, MiB):
+        accepted(api, "held", SEGMENT, offset, SIZE, chunk)
+    response = requests.get(api.url + "/api/jobs/held/captures", params={"file": SEGMENT}, stream=True,
+                            headers={"Authorization": f"Bearer {api.token}"}, timeout=10)
+    assert response.status_code == 200
+    return response
+
+
+def test_a_request_past_the_cap_waits_for_the_running_one(one_slot):
+    download = held_download(one_slot)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        one_slot.get("/api/jobs", timeout=1)
+    download.close()  # the server's write fails, the response closes, the slot comes back
+    assert one_slot.get("/api/jobs", timeout=10).status_code == 200
+
+
+def test_streams_take_no_slot(one_slot):
+    streams = [sse.connect(one_slot.url, "/api/events/stream", token=one_slot.token) for _ in range(3)]
+    try:
+        assert [s.status for s in streams] == [200, 200, 200]
+        assert one_slot.get("/api/jobs", timeout=5).status_code == 200
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.parametrize("path, status", [("/api/jobs", 200), ("/api/jobs/nope", 404), ("/api/nope", 404),
+                                          ("/api/health", 200)])
+def test_every_answer_gives_its_slot_back(one_slot, path, status):
+    for _ in range(20):
+        assert one_slot.get(path, timeout=5).status_code == status
+    assert requests.get(one_slot.url + "/api/jobs", timeout=5).status_code == 401
+    too_big = requests.put(one_slot.url + "/api/jobs/x", data=b"x" * (2 * MiB), timeout=5,
+                           headers={"Authorization": f"Bearer {one_slot.token}"})
+    assert too_big.status_code == 413
+    assert one_slot.get("/api/jobs", timeout=5).status_code == 200

@@ -1,0 +1,635 @@
+// The page: jobs table (paged, searched and sorted by the server), detail pane, live feed.
+// Every piece of job data reaches the DOM as text (el() makes text nodes), never as HTML.
+"use strict";
+
+(function (C) {
+  const PER_PAGE = 50;
+  const FEED_MAX = 200;
+  const STATUSES = ["submitted", "starting", "workers", "frontend", "benchmark", "completed", "failed", "timeout"];
+  const FINISHED = new Set(["completed", "failed", "timeout"]);
+  // A mark per status, so the state reads without colour.
+  const MARKS = {
+    submitted: "○", starting: "◔", workers: "◑", frontend: "◕", benchmark: "●",
+    completed: "✓", failed: "✗", timeout: "⌛",
+  };
+  const SORTS = { submitted: "submitted", updated: "updated", job_id: "job id", status: "status", cluster: "cluster" };
+  const DEFAULT_DESC = new Set(["submitted", "updated"]);
+  const TABS = ["overview", "logs", "tachometer"];
+  const INTERVAL_KEY = "collector.interval";
+
+  // ------------------------------------------------------------------ helpers
+
+  /** An element with attributes and children; strings become text nodes. */
+  C.el = function (tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value !== undefined && value !== null && value !== false) node.setAttribute(name, value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  };
+  const el = C.el;
+  const $ = (id) => document.getElementById(id);
+
+  const keyOf = (job) => `${job.cluster ?? ""}\u0000${job.job_id}`;
+  const parseTime = (text) => (text ? Date.parse(text) : NaN);
+
+  function duration(ms) {
+    if (!Number.isFinite(ms) || ms < 0) return "";
+    let s = Math.floor(ms / 1000);
+    const d = Math.floor(s / 86400);
+    s -= d * 86400;
+    const h = Math.floor(s / 3600);
+    s -= h * 3600;
+    const m = Math.floor(s / 60);
+    s -= m * 60;
+    const pad = (n) => String(n).padStart(2, "0");
+    if (d) return `${d}d ${pad(h)}h ${pad(m)}m`;
+    if (h) return `${h}h ${pad(m)}m ${pad(s)}s`;
+    if (m) return `${m}m ${pad(s)}s`;
+    return `${s}s`;
+  }
+
+  function localTime(text) {
+    const t = parseTime(text);
+    if (!Number.isFinite(t)) return "";
+    const d = new Date(t);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  function ago(text) {
+    const t = parseTime(text);
+    if (!Number.isFinite(t)) return "";
+    const ms = Date.now() - t;
+    return ms < 0 ? "just now" : `${duration(ms)} ago`;
+  }
+
+  /** Elapsed time: ticking for an active job, fixed once it finished. */
+  function elapsed(job) {
+    const start = parseTime(job.started_at || job.submitted_at);
+    const end = FINISHED.has(job.status) ? parseTime(job.completed_at || job.updated_at) : Date.now();
+    return duration(end - start);
+  }
+
+  function statusBadge(status) {
+    return el("span", { class: `status s-${STATUSES.includes(status) ? status : "other"}` },
+      el("span", { class: "mark", "aria-hidden": "true" }, MARKS[status] || "?"), ` ${status}`);
+  }
+
+  function debounce(fn, ms) {
+    let timer = null;
+    return (...args) => {
+      clearTimeout(timer);
+      timer = setTimeout(() => fn(...args), ms);
+    };
+  }
+
+  /** ``fn`` at most once per ``ms``, the last call never lost. */
+  function throttle(fn, ms) {
+    let timer = null;
+    let last = 0;
+    return () => {
+      if (timer) return;
+      const wait = Math.max(0, last + ms - Date.now());
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, wait);
+    };
+  }
+
+  // ------------------------------------------------------------------ state in the URL
+
+  const state = {
+    q: "", status: "", cluster: "", page: 1, sort: "submitted", order: "",
+    job: null, // {job_id, cluster}
+    tab: "overview", file: "",
+  };
+
+  function readState() {
+    const p = new URLSearchParams(location.search);
+    state.q = p.get("q") || "";
+    state.status = STATUSES.includes(p.get("status")) ? p.get("status") : "";
+    state.cluster = p.get("cluster") || "";
+    state.page = Math.max(1, parseInt(p.get("page"), 10) || 1);
+    state.sort = SORTS[p.get("sort")] ? p.get("sort") : "submitted";
+    state.order = ["asc", "desc"].includes(p.get("order")) ? p.get("order") : "";
+    state.job = p.get("job") ? { job_id: p.get("job"), cluster: p.get("job_cluster") || null } : null;
+    state.tab = TABS.includes(p.get("tab")) ? p.get("tab") : "overview";
+    state.file = p.get("file") || "";
+  }
+
+  function writeState() {
+    const p = new URLSearchParams();
+    if (state.q) p.set("q", state.q);
+    if (state.status) p.set("status", state.status);
+    if (state.cluster) p.set("cluster", state.cluster);
+    if (state.page > 1) p.set("page", state.page);
+    if (state.sort !== "submitted") p.set("sort", state.sort);
+    if (state.order) p.set("order", state.order);
+    if (state.job) {
+      p.set("job", state.job.job_id);
+      if (state.job.cluster) p.set("job_cluster", state.job.cluster);
+      if (state.tab !== "overview") p.set("tab", state.tab);
+      if (state.tab === "logs" && state.file) p.set("file", state.file);
+    }
+    const query = p.toString();
+    history.replaceState(null, "", location.pathname + (query ? "?" + query : "") + location.hash);
+  }
+
+  const descending = () => (state.order ? state.order === "desc" : DEFAULT_DESC.has(state.sort));
+
+  // ------------------------------------------------------------------ the jobs table
+
+  let rows = []; // the jobs on screen, in order
+  let listSeq = 0;
+  let listed = null;
+
+  async function loadList() {
+    const seq = ++listSeq;
+    const params = {
+      page: state.page, per_page: PER_PAGE, status: state.status, cluster: state.cluster, q: state.q,
+      sort: state.sort === "submitted" ? undefined : state.sort, order: state.order,
+    };
+    let page;
+    try {
+      page = await C.get("api/jobs", params);
+    } catch (error) {
+      if (seq === listSeq) {
+        C.explain(error);
+        $("jobs-body").replaceChildren(el("tr", {}, el("td", { colspan: "8", class: "empty" }, "jobs unavailable")));
+      }
+      return;
+    }
+    if (seq !== listSeq) return; // a newer request is on its way
+    C.ok();
+    listed = page;
+    rows = page.jobs;
+    renderTable();
+  }
+
+  function jobRow(job) {
+    const selected = state.job && keyOf(state.job) === keyOf(job);
+    const open = el("button", { type: "button", class: "job-id", title: "open this job" }, job.job_id);
+    const row = el("tr", { "data-key": keyOf(job), "aria-selected": selected ? "true" : "false" },
+      el("td", {}, open),
+      el("td", { class: "name" }, job.job_name),
+      el("td", {}, job.cluster ?? "—"),
+      el("td", {}, statusBadge(job.status)),
+      el("td", {}, job.stage ?? ""),
+      el("td", { class: "message" }, job.message ?? ""),
+      el("td", { class: "elapsed num" }, elapsed(job)),
+      el("td", { class: "updated", title: job.updated_at }, ago(job.updated_at)));
+    row.job = job;
+    row.addEventListener("click", () => selectJob(job));
+    return row;
+  }
+
+  function renderTable() {
+    const body = $("jobs-body");
+    if (!rows.length) {
+      const why = state.q || state.status || state.cluster ? "no jobs match these filters" : "no jobs yet";
+      body.replaceChildren(el("tr", {}, el("td", { colspan: "8", class: "empty" }, why)));
+    } else {
+      body.replaceChildren(...rows.map(jobRow));
+    }
+    const total = listed ? listed.total : 0;
+    const pages = Math.max(1, Math.ceil(total / PER_PAGE));
+    const first = rows.length ? (state.page - 1) * PER_PAGE + 1 : 0;
+    const last = (state.page - 1) * PER_PAGE + rows.length;
+    const count = `${total.toLocaleString()}${listed && listed.total_exact === false ? "+" : ""}`;
+    $("range").textContent = `${first.toLocaleString()}–${last.toLocaleString()} of ${count} jobs · page ${state.page} of ${pages.toLocaleString()}${listed && listed.total_exact === false ? "+" : ""}`;
+    $("prev").disabled = state.page <= 1;
+    $("next").disabled = last >= total && listed.total_exact !== false;
+    for (const th of document.querySelectorAll("th[data-sort]")) {
+      th.setAttribute("aria-sort", th.dataset.sort === state.sort ? (descending() ? "descending" : "ascending") : "none");
+    }
+    $("order").textContent = descending() ? "↓ desc" : "↑ asc";
+    $("sort").value = state.sort;
+  }
+
+  /** The table row of ``key``, found by comparison: no selector can name it, as CSS.escape turns the key's NUL into U+FFFD. */
+  function rowElement(key) {
+    for (const tr of $("jobs-body").children) {
+      if (tr.dataset.key === key) return tr;
+    }
+    return null;
+  }
+
+  /** Update the rows an event's job is on, from the summary the stream sends. */
+  function patchRow(event) {
+    const key = keyOf(event);
+    const index = rows.findIndex((job) => keyOf(job) === key);
+    if (index < 0) return false;
+    const job = event.job
+      ? event.job
+      : Object.assign({}, rows[index], { status: event.status, stage: event.stage, message: event.message });
+    rows[index] = job;
+    const old = rowElement(key);
+    if (old) {
+      const fresh = jobRow(job);
+      fresh.classList.add("changed");
+      old.replaceWith(fresh);
+    }
+    return true;
+  }
+
+  function tick() {
+    for (const tr of $("jobs-body").querySelectorAll("tr[data-key]")) {
+      const job = tr.job;
+      if (!job) continue;
+      tr.querySelector(".elapsed").textContent = elapsed(job);
+      tr.querySelector(".updated").textContent = ago(job.updated_at);
+    }
+    const running = document.querySelector("#detail [data-field=duration]");
+    if (running && current && !FINISHED.has(current.status)) running.textContent = durationOf(current);
+  }
+
+  // ------------------------------------------------------------------ filters
+
+  let clusterCounts = [];
+
+  async function loadClusters() {
+    let listedClusters;
+    try {
+      listedClusters = await C.get("api/clusters");
+    } catch (error) {
+      C.explain(error);
+      return;
+    }
+    clusterCounts = listedClusters.clusters;
+    renderFilters();
+  }
+
+  function renderFilters() {
+    const clusterSelect = $("cluster");
+    const options = [el("option", { value: "" }, "all clusters")];
+    let known = false;
+    for (const c of clusterCounts) {
+      if (c.cluster === null) continue; // the list cannot filter on "no cluster"
+      known = known || c.cluster === state.cluster;
+      options.push(el("option", { value: c.cluster }, `${c.cluster} (${c.total.toLocaleString()})`));
+    }
+    if (state.cluster && !known) options.push(el("option", { value: state.cluster }, `${state.cluster} (0)`));
+    clusterSelect.replaceChildren(...options);
+    clusterSelect.value = state.cluster;
+
+    // Status counts for the chosen cluster (or all), from the same table.
+    const byStatus = {};
+    for (const c of clusterCounts) {
+      if (state.cluster && c.cluster !== state.cluster) continue;
+      for (const [status, n] of Object.entries(c.statuses)) byStatus[status] = (byStatus[status] || 0) + n;
+    }
+    const statusSelect = $("status");
+    statusSelect.replaceChildren(el("option", { value: "" }, "all statuses"),
+      ...STATUSES.map((s) => el("option", { value: s }, `${MARKS[s]} ${s} (${(byStatus[s] || 0).toLocaleString()})`)));
+    statusSelect.value = state.status;
+  }
+
+  function setFilter(changes) {
+    Object.assign(state, changes, { page: changes.page || 1 });
+    writeState();
+    renderFilters();
+    loadList();
+  }
+
+  // ------------------------------------------------------------------ the detail pane
+
+  let current = null; // the selected job's detail
+  let tabView = null;
+  let detailSeq = 0;
+
+  function selectJob(job) {
+    const changed = !state.job || keyOf(state.job) !== keyOf(job);
+    state.job = { job_id: job.job_id, cluster: job.cluster ?? null };
+    if (changed) {
+      state.tab = "overview";
+      state.file = "";
+      current = null;
+    }
+    writeState();
+    for (const tr of $("jobs-body").querySelectorAll("tr[data-key]")) {
+      tr.setAttribute("aria-selected", tr.dataset.key === keyOf(state.job) ? "true" : "false");
+    }
+    loadDetail(changed);
+  }
+
+  async function loadDetail(rebuild) {
+    if (!state.job) return;
+    const seq = ++detailSeq;
+    const job = state.job;
+    let detail;
+    try {
+      detail = await C.get(`api/jobs/${encodeURIComponent(job.job_id)}`, { cluster: job.cluster || undefined });
+    } catch (error) {
+      if (seq !== detailSeq) return;
+      if (error.status === 404) {
+        $("detail").replaceChildren(el("p", { class: "empty" }, `job ${job.job_id} is not on this collector (any more)`));
+        return;
+      }
+      C.explain(error);
+      return;
+    }
+    if (seq !== detailSeq) return;
+    C.ok();
+    current = detail;
+    renderDetail(rebuild || !tabView);
+  }
+
+  function renderDetail(rebuild) {
+    const job = current;
+    const pane = $("detail");
+    if (rebuild || !pane.querySelector(".tabs")) {
+      const close = el("button", { type: "button", class: "close", "aria-label": "close the job" }, "×");
+      close.addEventListener("click", () => {
+        state.job = null;
+        current = null;
+        tabView = null;
+        writeState();
+        pane.replaceChildren(el("p", { class: "empty" }, "Select a job (click a row, or use ↑ ↓)."));
+        for (const tr of $("jobs-body").querySelectorAll("tr[aria-selected=true]")) tr.setAttribute("aria-selected", "false");
+      });
+      const tabs = el("div", { class: "tabs", role: "tablist" }, ...TABS.map((name) => {
+        const tab = el("button", { type: "button", role: "tab", "data-tab": name }, name);
+        tab.addEventListener("click", () => showTab(name));
+        return tab;
+      }));
+      pane.replaceChildren(
+        el("header", {}, el("h2", {}, el("span", { class: "job-title" }, job.job_id), " ", statusBadge(job.status)),
+          el("div", { class: "subtitle" }, job.job_name, job.cluster ? ` · ${job.cluster}` : ""), close),
+        tabs, el("div", { class: "tab-body", id: "tab-body" }));
+      tabView = null;
+      showTab(state.tab);
+    } else {
+      pane.querySelector("header h2").replaceChildren(el("span", { class: "job-title" }, job.job_id), " ", statusBadge(job.status));
+      if (state.tab === "overview") renderOverview();
+    }
+  }
+
+  function showTab(name) {
+    state.tab = name;
+    if (name !== "logs") state.file = "";
+    writeState();
+    for (const tab of document.querySelectorAll("#detail [role=tab]")) {
+      tab.setAttribute("aria-selected", tab.dataset.tab === name ? "true" : "false");
+    }
+    const body = $("tab-body");
+    if (name === "overview") {
+      tabView = { tick() {} };
+      renderOverview();
+    } else if (name === "logs") {
+      tabView = new C.LogsTab(body, current, {
+        file: state.file,
+        onFile: (file) => {
+          state.file = file;
+          writeState();
+        },
+      });
+    } else {
+      tabView = new C.CapturesTab(body, current);
+    }
+  }
+
+  function durationOf(job) {
+    const start = parseTime(job.started_at);
+    if (!Number.isFinite(start)) return "not started";
+    if (FINISHED.has(job.status)) return duration(parseTime(job.completed_at || job.updated_at) - start);
+    return `${duration(Date.now() - start)} (running)`;
+  }
+
+  function describe(value) {
+    if (value === null || value === undefined || value === "") return "—";
+    if (typeof value === "object") {
+      return Object.entries(value).filter(([, v]) => v !== null && v !== undefined)
+        .map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join(" · ") || "—";
+    }
+    return String(value);
+  }
+
+  function linkOrText(url) {
+    if (!url) return "—";
+    // Only web links become anchors: a job's text must never become a javascript: URL.
+    if (/^https?:\/\//i.test(url)) return el("a", { href: url, rel: "noopener noreferrer", target: "_blank" }, url);
+    return url;
+  }
+
+  function renderOverview() {
+    const job = current;
+    const body = $("tab-body");
+    if (!body || !job) return;
+    const meta = job.metadata || {};
+    const model = meta.model && typeof meta.model === "object" ? meta.model : null;
+    const fields = [
+      ["cluster", job.cluster ?? "—"],
+      ["status", statusBadge(job.status)],
+      ["stage", job.stage ?? "—"],
+      ["message", job.message ?? "—"],
+      ["exit code", job.exit_code ?? "—"],
+      ["duration", durationOf(job), "duration"],
+      ["submitted", localTime(job.submitted_at)],
+      ["started", localTime(job.started_at) || "—"],
+      ["completed", localTime(job.completed_at) || "—"],
+      ["model", model ? describe(model) : describe(meta.model)],
+      ["resources", describe(meta.resources)],
+      ["head node", describe(meta.head_node)],
+      ["recipe", job.recipe ?? "—"],
+      ["log dir", describe(meta.log_dir)],
+      ["logs URL", linkOrText(job.logs_url)],
+      ["tags", Array.isArray(meta.tags) ? meta.tags.join(", ") || "—" : describe(meta.tags)],
+    ];
+    const list = el("dl", { class: "overview" }, ...fields.flatMap(([name, value, field]) => [
+      el("dt", {}, name), el("dd", { "data-field": field || name.replace(/ /g, "_") }, value)]));
+    let previous = null;
+    const events = job.events.map((event) => {
+      const at = parseTime(event.created_at);
+      const delta = previous === null ? "" : `+${duration(at - previous)}`;
+      previous = at;
+      return el("tr", { "data-event": event.id }, el("td", { title: event.created_at }, localTime(event.created_at)),
+        el("td", { class: "delta num" }, delta), el("td", {}, statusBadge(event.status)),
+        el("td", {}, event.stage ?? ""), el("td", { class: "message" }, event.message ?? ""));
+    });
+    const timeline = el("table", { class: "timeline" },
+      el("thead", {}, el("tr", {}, ...["time", "Δ", "status", "stage", "message"].map((t) => el("th", {}, t)))),
+      el("tbody", {}, ...events));
+    // A re-render (a new event) keeps the raw sections the viewer opened or closed.
+    const wasOpen = {};
+    for (const section of body.querySelectorAll("details.raw")) wasOpen[section.dataset.name] = section.open;
+    const raw = ["metadata", "artifacts", "benchmark_results"].map((name) =>
+      el("details", { class: "raw", "data-name": name, open: (wasOpen[name] ?? name === "metadata") ? "" : null },
+        el("summary", {}, name), el("pre", {}, JSON.stringify(job[name], null, 2))));
+    body.replaceChildren(list, el("h3", {}, "timeline"), timeline, el("h3", {}, "raw"), ...raw);
+  }
+
+  // ------------------------------------------------------------------ the live feed
+
+  function feedItem(event) {
+    const open = el("button", { type: "button", class: "job-id", title: "open this job" }, event.job_id);
+    open.addEventListener("click", () => selectJob({ job_id: event.job_id, cluster: event.cluster ?? null }));
+    return el("li", { "data-event": event.id },
+      el("time", { datetime: event.created_at, title: event.created_at }, localTime(event.created_at)), " ",
+      open, " ", el("span", { class: "cluster" }, event.cluster ?? "—"), " ", statusBadge(event.status), " ",
+      el("span", { class: "stage" }, event.stage ?? ""), " ", el("span", { class: "message" }, event.message ?? ""));
+  }
+
+  let pendingFeed = [];
+  let feedFrame = 0;
+
+  function addToFeed(events) {
+    pendingFeed.push(...events);
+    // One DOM update per frame however fast events come.
+    if (!feedFrame) feedFrame = requestAnimationFrame(flushFeed);
+  }
+
+  function flushFeed() {
+    feedFrame = 0;
+    const list = $("feed");
+    const fresh = pendingFeed.slice(-FEED_MAX).reverse().map(feedItem);
+    pendingFeed = [];
+    const placeholder = list.querySelector(".empty");
+    if (placeholder) placeholder.remove();
+    list.prepend(...fresh);
+    while (list.children.length > FEED_MAX) list.lastElementChild.remove();
+  }
+
+  const refreshList = throttle(loadList, 1500);
+  const refreshClusters = throttle(loadClusters, 10000);
+  const refreshDetail = throttle(() => loadDetail(false), 1000);
+
+  function onEvents(events) {
+    addToFeed(events);
+    for (const event of events) {
+      patchRow(event);
+      if (state.job && keyOf(state.job) === keyOf(event)) refreshDetail();
+    }
+    // Order, filters and totals may have moved: re-read the page (at most every 1.5 s).
+    refreshList();
+    refreshClusters();
+  }
+
+  function onConnection(mode, text) {
+    const pill = $("connection");
+    pill.dataset.state = mode;
+    pill.textContent = text;
+  }
+
+  // ------------------------------------------------------------------ keys
+
+  function onKey(event) {
+    if (event.altKey || event.ctrlKey || event.metaKey) return;
+    const target = event.target;
+    if (target.closest && target.closest("input, select, textarea, [contenteditable]")) return;
+    if (event.key !== "ArrowDown" && event.key !== "ArrowUp") return;
+    if (!rows.length) return;
+    event.preventDefault();
+    const at = state.job ? rows.findIndex((job) => keyOf(job) === keyOf(state.job)) : -1;
+    const next = at < 0 ? (event.key === "ArrowDown" ? 0 : rows.length - 1)
+      : Math.min(rows.length - 1, Math.max(0, at + (event.key === "ArrowDown" ? 1 : -1)));
+    selectJob(rows[next]);
+    const tr = rowElement(keyOf(rows[next]));
+    if (tr) tr.scrollIntoView({ block: "nearest" });
+  }
+
+  // ------------------------------------------------------------------ start
+
+  let live = null;
+  let pollTimer = null;
+
+  function interval() {
+    return parseInt($("interval").value, 10) || 0;
+  }
+
+  function schedulePoll() {
+    clearInterval(pollTimer);
+    // Open logs and captures follow on the poll interval (the stream carries only events).
+    if (interval()) pollTimer = setInterval(() => tabView && tabView.tick(), interval());
+  }
+
+  function reconnect() {
+    loadClusters();
+    loadList();
+    if (state.job) loadDetail(true);
+    live.start();
+  }
+
+  function wire() {
+    const apiField = $("api-base");
+    const tokenField = $("token");
+    apiField.value = C.apiBase();
+    tokenField.value = C.token();
+    apiField.addEventListener("change", () => {
+      C.setApiBase(apiField.value);
+      reconnect();
+    });
+    tokenField.addEventListener("change", () => {
+      C.setToken(tokenField.value);
+      reconnect();
+    });
+    const stored = (() => {
+      try {
+        return localStorage.getItem(INTERVAL_KEY);
+      } catch (e) {
+        return null;
+      }
+    })();
+    if (stored !== null && [...$("interval").options].some((o) => o.value === stored)) $("interval").value = stored;
+    $("interval").addEventListener("change", () => {
+      try {
+        localStorage.setItem(INTERVAL_KEY, $("interval").value);
+      } catch (e) {
+        // Not remembered; still applies.
+      }
+      live.setInterval(interval());
+      schedulePoll();
+    });
+
+    const search = $("q");
+    search.value = state.q;
+    search.addEventListener("input", debounce(() => setFilter({ q: search.value.trim() }), 250));
+    $("status").addEventListener("change", (e) => setFilter({ status: e.target.value }));
+    $("cluster").addEventListener("change", (e) => setFilter({ cluster: e.target.value }));
+    $("sort").replaceChildren(...Object.entries(SORTS).map(([value, label]) => el("option", { value }, label)));
+    $("sort").addEventListener("change", (e) => setFilter({ sort: e.target.value, order: "" }));
+    $("order").addEventListener("click", () => setFilter({ order: descending() ? "asc" : "desc" }));
+    for (const th of document.querySelectorAll("th[data-sort]")) {
+      const button = el("button", { type: "button", class: "sort" }, th.textContent);
+      th.replaceChildren(button);
+      button.addEventListener("click", () => {
+        const sort = th.dataset.sort;
+        setFilter(sort === state.sort ? { order: descending() ? "asc" : "desc" } : { sort, order: "" });
+      });
+    }
+    $("prev").addEventListener("click", () => setFilter({ page: Math.max(1, state.page - 1) }));
+    $("next").addEventListener("click", () => setFilter({ page: state.page + 1 }));
+    document.addEventListener("keydown", onKey);
+    // #token= or #api= pasted into the address of the open page: no reload happens, so apply them here.
+    window.addEventListener("hashchange", () => {
+      if (!C.consumeFragment()) return;
+      apiField.value = C.apiBase();
+      tokenField.value = C.token();
+      reconnect();
+    });
+  }
+
+  function start() {
+    C.consumeFragment();
+    readState();
+    writeState();
+    wire();
+    renderFilters();
+    live = new C.Live(onEvents, onConnection);
+    live.interval = interval();
+    loadClusters();
+    loadList();
+    if (state.job) loadDetail(true);
+    live.start();
+    schedulePoll();
+    setInterval(tick, 1000);
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})((window.C = window.C || {}));
