@@ -4,6 +4,7 @@
     python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
     python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
     python -m bench.run --only streams --backends postgres   # 500 event streams under a paced PUT load
+    python -m bench.run --only ui --backends postgres        # the page in Chromium: 100k jobs, 50 events/s
 
 Servers start fresh on loopback ephemeral ports and stop by PID; databases created for
 the run are dropped after it. Load comes from wrk (Debian package `wrk`).
@@ -34,6 +35,7 @@ from sqlalchemy.pool import NullPool
 from bench import blobs
 from bench import seed
 from bench import streams
+from bench import ui
 from collector.migrations import upgrade
 from collector.settings import database_url
 from tests.processes import ServerProcess
@@ -167,6 +169,8 @@ LOG_CHUNK = 256 * 1024
 LOG_CONNECTIONS = 8
 # Event streams (PostgreSQL, collector only): bench/streams.py.
 STREAM_SCENARIOS = ["streams"]
+# The web page in headless Chromium over a large database while events arrive (PostgreSQL): bench/ui.py.
+UI_SCENARIOS = ["ui"]
 
 
 def selected(args, scenarios: list) -> list:
@@ -343,6 +347,59 @@ def streams_table(rows: list[dict]) -> list[str]:
     return measure_table(rows, "subscribers", "subscribers") + ([""] + notes if notes else [])
 
 
+def run_ui(args, rows: list[dict]) -> None:
+    """The page over ``--ui-jobs`` seeded jobs: first render, search and paging, then frames while
+    ``--ui-rate`` PUTs/s each append an event for a job on its first page."""
+    reason = ui.missing()
+    if reason:
+        # CI installs both (.ci/run) and runs strict: there a missing browser is a failure.
+        if os.environ.get("COLLECTOR_TEST_STRICT") == "1":
+            rows.append(ui_row(args.ui_jobs, "FAILED", None, None, "-", error=reason))
+        else:
+            print(f"ui scenario skipped: {reason}", file=sys.stderr)
+        return
+    dbs = Databases(args.pg_url)
+    try:
+        db = dbs.create()
+        seed.seed_postgres(db, args.ui_jobs)
+        settle(args.pg_url)
+        server = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+            COLLECTOR_DATABASE_URL=db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+            COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+        try:
+            result = ui.measure(server.url, TOKEN, jobs=args.ui_jobs, rate=args.ui_rate, seconds=args.ui_seconds,
+                                idle_s=1 if args.quick else 5, server_pid=server.proc.pid)
+        except (ui.UiFailure, OSError) as exc:
+            rows.append(ui_row(args.ui_jobs, "FAILED", None, None, "-", error=str(exc)))
+            return
+        finally:
+            # What the server said about failed requests explains a writer's non-2xx.
+            warnings = [line for line in server.output.splitlines() if " WARNING " in line or " ERROR " in line]
+            server.stop()
+    finally:
+        dbs.drop_all()
+    for measure, value, vs, target in ui.report(result):
+        rows.append(ui_row(args.ui_jobs, measure, value, vs, target))
+    rows[-1]["notes"] = ui.notes(result) + ([f"- ui: {len(warnings)} server warnings, the first: {warnings[0]}"]
+                                            if warnings else [])
+    if result.problems:
+        rows.append(ui_row(args.ui_jobs, "problems", None, None, "none", error="; ".join(result.problems[:5])))
+
+
+def ui_row(jobs: int, measure: str, value: float | None, vs: float | None, target: str, *,
+           error: str | None = None) -> dict:
+    """A row of the ui table, as stream_row."""
+    return {"table": "ui", "backend": "postgres", "scenario": "ui", "jobs": jobs, "measure": measure,
+            "value": value, "vs": vs, "ratio": value / vs if value is not None and vs else None, "target": target,
+            "error": error}
+
+
+def ui_table(rows: list[dict]) -> list[str]:
+    """The ui scenario: one measure per row (ratio = value / vs), then its notes."""
+    notes = [note for r in rows for note in r.get("notes", [])]
+    return measure_table(rows, "jobs", "jobs") + ([""] + notes if notes else [])
+
+
 def blob_row(scenario: str, file_mib, measure: str, value: float | None, vs: float | None, target: str, *,
              error: str | None = None) -> dict:
     """A row of the blob table: ``value`` (collector), what it is compared with, and their ratio."""
@@ -412,7 +469,8 @@ def row(backend: str, scenario: str, n, collector: Result | None, baseline: Resu
 def table(rows: list[dict]) -> str:
     blob = [r for r in rows if r.get("table") == "blob"]
     stream = [r for r in rows if r.get("table") == "streams"]
-    rows = [r for r in rows if r.get("table") not in ("blob", "streams")]
+    page = [r for r in rows if r.get("table") == "ui"]
+    rows = [r for r in rows if r.get("table") not in ("blob", "streams", "ui")]
     lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -427,7 +485,8 @@ def table(rows: list[dict]) -> str:
     if not rows:
         lines = []
     return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else [])
-                     + ([""] + streams_table(stream) if stream else [])).strip("\n")
+                     + ([""] + streams_table(stream) if stream else [])
+                     + ([""] + ui_table(page) if page else [])).strip("\n")
 
 
 def blob_table(rows: list[dict]) -> list[str]:
@@ -480,10 +539,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="size of the logs_tail log and the capture_rss segment, in MiB (1 MiB chunks)")
     parser.add_argument("--subscribers", type=int, default=500, help="open event streams in the streams scenario")
     parser.add_argument("--rate", type=float, default=100, help="paced PUTs per second in the streams scenario")
+    parser.add_argument("--ui-jobs", type=int, default=100_000, help="seeded jobs in the ui scenario")
+    parser.add_argument("--ui-rate", type=float, default=50, help="paced PUTs (events) per second in the ui scenario")
+    parser.add_argument("--ui-seconds", type=float, default=20, help="how long the ui scenario's events arrive")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.sizes, args.blob_mib, args.subscribers = 1, 2, "200", 8, 20
+        args.ui_jobs, args.ui_rate, args.ui_seconds = 2000, 10, 3
     if args.blob_mib < 2:
         parser.error("--blob-mib must be at least 2")
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -498,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_postgres(args, rows, work)
             if selected(args, STREAM_SCENARIOS):
                 run_streams(args, rows)
+            if selected(args, UI_SCENARIOS):
+                run_ui(args, rows)
         if "sqlite" in args.backends:
             run_sqlite(args, rows, work)
     print(table(rows))
@@ -505,14 +570,15 @@ def main(argv: list[str] | None = None) -> int:
           f"duration={args.duration}s, 16 connections ({LOG_CONNECTIONS} for logs_ingest)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    failures = [r for r in rows if r.get("table") not in ("blob", "streams") for side in ("collector", "baseline") if r[side]
-                and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
+    failures = [r for r in rows if r.get("table") not in ("blob", "streams", "ui") for side in ("collector", "baseline")
+                if r[side] and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
     if args.quick and failures:
         print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends", file=sys.stderr)
         return 1
     # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote, the streams
-    # scenario on a non-2xx, a stream that did not open or ended, or a missing event: never a pass.
-    broken = [r for r in rows if r.get("table") in ("blob", "streams") and r["error"]]
+    # scenario on a non-2xx, a stream that did not open or ended, or a missing event, the ui scenario
+    # on a page error, a failed PUT, an event the page never showed or a bounded wait that ran out.
+    broken = [r for r in rows if r.get("table") in ("blob", "streams", "ui") and r["error"]]
     for r in broken:
         print(f"\n{r['scenario']} failed: {r['error']}", file=sys.stderr)
     return 1 if broken else 0
