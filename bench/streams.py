@@ -161,15 +161,16 @@ async def _put(host: str, port: int, head: bytes, body: bytes) -> tuple[int, flo
         writer.close()
 
 
-async def _paced(url: str, token: str, rate: float, duration: float, run: str) -> Paced:
+async def paced(url: str, token: str, rate: float, duration: float, request: Callable[[int], tuple]) -> Paced:
+    """Open loop: PUT ``request(i)`` (key, path, body) at ``rate`` per second for ``duration`` s,
+    a fresh connection each (like the srtctl reporter), on schedule whatever the answers do."""
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port
-    jobs = max(int(rate), 1)  # each job reports about once a second
     count = max(int(rate * duration), 1)
     puts: list[Put | None] = [None] * count
 
     async def one(i: int, at: float) -> None:
-        key, path, body = lifecycle_put(run, jobs, i)
+        key, path, body = request(i)
         head = (f"PUT {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         try:
@@ -185,7 +186,7 @@ async def _paced(url: str, token: str, rate: float, duration: float, run: str) -
         delay = at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i, at)))  # open loop: never waits for an answer
+        tasks.append(asyncio.create_task(one(i, at)))  # never waits for an answer
     await asyncio.gather(*tasks)
     finished = max(started + p.latency_s + (i / rate) for i, p in enumerate(puts))
     return Paced([p for p in puts if p is not None], started, finished)
@@ -193,7 +194,8 @@ async def _paced(url: str, token: str, rate: float, duration: float, run: str) -
 
 def paced_puts(url: str, token: str, *, rate: float, duration: float, run: str) -> Paced:
     """PUT the lifecycle at ``rate`` per second for ``duration`` s, a fresh connection each."""
-    return asyncio.run(_paced(url, token, rate, duration, run))
+    jobs = max(int(rate), 1)  # each job reports about once a second
+    return asyncio.run(paced(url, token, rate, duration, lambda i: lifecycle_put(run, jobs, i)))
 
 
 # -- the subscriber process -----------------------------------------------------

@@ -38,12 +38,10 @@ import os
 import statistics
 import threading
 import time
-from urllib.parse import urlsplit
 
 from bench import seed
 from bench import streams
 from bench.streams import Paced
-from bench.streams import Put
 
 CHROMIUM = "/usr/bin/chromium"
 # tests/test_ui.py's flags (a browser that talks to nothing but the collector under test),
@@ -271,34 +269,8 @@ def update_put(jobs: int, k: int) -> tuple[tuple, str, bytes]:
 
 
 async def _paced_updates(url: str, token: str, jobs: int, rate: float, duration: float) -> Paced:
-    # bench/streams.py's open loop (a fresh connection per PUT, like the srtctl reporter,
-    # sent on schedule whatever the answers do) over this scenario's PUTs.
-    parts = urlsplit(url)
-    host, port = parts.hostname, parts.port
-    count = max(int(rate * duration), 1)
-    puts: list[Put | None] = [None] * count
-
-    async def one(k: int, at: float) -> None:
-        key, path, body = update_put(jobs, k)
-        head = (f"PUT {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        try:
-            status, done, wall = await asyncio.wait_for(streams._put(host, port, head, body), streams.PUT_TIMEOUT)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
-            status, done, wall = 0, time.perf_counter(), time.time()
-        puts[k] = Put(key, status, done - at, wall)
-
-    started = time.perf_counter() + 0.02
-    tasks = []
-    for k in range(count):
-        at = started + k / rate
-        delay = at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(k, at)))
-    await asyncio.gather(*tasks)
-    finished = max(started + k / rate + p.latency_s for k, p in enumerate(puts))
-    return Paced([p for p in puts if p is not None], started, finished)
+    # bench/streams.py's open loop over this scenario's PUTs.
+    return await streams.paced(url, token, rate, duration, lambda k: update_put(jobs, k))
 
 
 # -- CPU -------------------------------------------------------------------------
