@@ -31,10 +31,23 @@ def _binary(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_ports(*names: str) -> dict[str, int]:
+    """One distinct free loopback port per name.
+
+    The sockets stay bound until every port is picked: picked one at a time, the
+    kernel may hand out the same port twice, and then nginx's redirect server
+    answers on the /status/ port with a 301.
+    """
+    sockets = [socket.socket() for _ in names]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        ports = {name: sock.getsockname()[1] for name, sock in zip(names, sockets, strict=True)}
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert len(set(ports.values())) == len(names), ports
+    return ports
 
 
 def _substitute(text: str, replacements: dict[str, str]) -> str:
@@ -164,7 +177,7 @@ def run_nginx(tmp_path, tls, collector, read_token) -> Iterator[Proxy]:
     nginx = _binary("nginx")
     if nginx is None:
         pytest.skip("needs nginx (Debian package nginx; .ci/run installs it)")
-    ports = {"https": _free_port(), "redirect": _free_port(), "status": _free_port()}
+    ports = _free_ports("https", "redirect", "status")
     upstream = collector.url.removeprefix("http://")
     root = nginx_config(tmp_path, tls, upstream, read_token, ports)
     args = [nginx, "-p", f"{root}/", "-c", str(root / "nginx.conf"), "-e", str(root / "error.log")]
@@ -220,7 +233,7 @@ def run_caddy(tmp_path, tls, collector, read_token) -> Iterator[Proxy]:
     caddy = _binary("caddy")
     if caddy is None:
         pytest.skip("needs caddy (Debian package caddy; .ci/run installs it)")
-    ports = {"https": _free_port(), "status": _free_port()}
+    ports = _free_ports("https", "status")
     config = caddy_config(tmp_path, tls, collector.url.removeprefix("http://"), read_token, ports)
     env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
            "XDG_CONFIG_HOME": str(tmp_path / "xdg-config")}
