@@ -60,14 +60,19 @@ class Transport:
         self._sessions = {e: requests.Session() for e in self.endpoints} if session else {}
 
     def send(self, method: str, path: str, *, json: Any = None, params: Mapping | None = None,
-             data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,)) -> list[Outcome]:
+             data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,),
+             timeout: float | None = None) -> list[Outcome]:
         """Send one request to every endpoint; one Outcome per endpoint, in order."""
-        return [self.send_to(endpoint, method, path, json=json, params=params, data=data, headers=headers, ok=ok)
-                for endpoint in self.endpoints]
+        return [self.send_to(endpoint, method, path, json=json, params=params, data=data, headers=headers, ok=ok,
+                             timeout=timeout) for endpoint in self.endpoints]
 
     def send_to(self, endpoint: str, method: str, path: str, *, json: Any = None, params: Mapping | None = None,
-                data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,)) -> Outcome:
-        """Send one request to one endpoint (at most ``attempts`` tries of ``timeout`` seconds); never raises."""
+                data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,),
+                timeout: float | None = None) -> Outcome:
+        """Send one request to one endpoint (at most ``attempts`` tries of ``timeout`` seconds); never raises.
+
+        ``timeout`` (seconds) lowers the transport's for this request, e.g. to fit a shutdown deadline.
+        """
         endpoint = endpoint.rstrip("/")
         request_headers = dict(headers or {})
         if self.token:
@@ -79,7 +84,7 @@ class Transport:
         for attempt in range(1, self.attempts + 1):
             try:
                 response = self._request(endpoint, method, url, json=json, params=params, data=data,
-                                         headers=request_headers)
+                                         headers=request_headers, timeout=min(self.timeout, timeout or self.timeout))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 log.debug("%s %s: attempt %d of %d failed: %s", method, url, attempt, self.attempts, error)
@@ -99,7 +104,7 @@ class Transport:
     def _request(self, endpoint: str, method: str, url: str, **kwargs) -> requests.Response:
         session = self._sessions.get(endpoint)
         send = session.request if session is not None else requests.request
-        return send(method, url, timeout=self.timeout, allow_redirects=False, **kwargs)
+        return send(method, url, allow_redirects=False, **kwargs)
 
 
 def _judge(endpoint: str, method: str, url: str, response: requests.Response, ok: tuple[int, ...]) -> Outcome:
