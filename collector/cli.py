@@ -276,3 +276,5 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 
 main.add_command(db_group)
+from collector.reporter.cli import client_commands  # noqa: E402 - report, stream-logs, wrap
+for command in client_commands.commands.values(): main.add_command(command)  # noqa: E701
