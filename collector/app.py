@@ -13,7 +13,9 @@ from collector import fanout
 from collector import guard
 from collector import metrics
 from collector import ui
+from collector import janitor
 from collector.api import captures
+from collector.api import cluster_stream
 from collector.api import clusters
 from collector.api import events
 from collector.api import jobs
@@ -39,7 +41,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     db.init_app(app, database)
     fanout.init_app(app, database, settings)
     metrics.init_app(app, database)
-    for blueprint in (system.bp, jobs.bp, clusters.bp, logs.bp, captures.bp, events.bp, streams.bp, ui.bp):
+    janitor.init_app(app, database, settings)
+    cluster_stream.init_app(app, database)
+    for blueprint in (system.bp, jobs.bp, cluster_stream.bp, clusters.bp, logs.bp, captures.bp, events.bp,
+                      streams.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
     app.wsgi_app = Admission(app.wsgi_app, settings.request_threads)

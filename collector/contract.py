@@ -235,6 +235,19 @@ class StreamEvent(JobEventRecord):
     job: JobSummary
 
 
+class SlurmView(BaseModel):
+    """A job's place in Slurm's queue as the cluster probe last saw it."""
+
+    # PENDING, RUNNING, CANCELLED, ... (null: the probe asked, Slurm never listed it).
+    state: str | None
+    # Why a pending job waits (Resources, Priority, ...).
+    reason: str | None
+    since: OutTimestamp | None
+    observed_at: OutTimestamp
+    # The first probe that found the job out of the queue (stale detection counts from here).
+    gone_since: OutTimestamp | None
+
+
 class JobDetail(BaseModel):
     """A job with its full ordered event history."""
 
@@ -255,6 +268,8 @@ class JobDetail(BaseModel):
     artifacts: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     events: list[JobEventRecord] = []
+    # Only when a cluster probe reports on the job's cluster (docs/slurm.md).
+    slurm: SlurmView | None = None
 
 
 class JobListResponse(BaseModel):
@@ -266,20 +281,6 @@ class JobListResponse(BaseModel):
     page: int
     per_page: int
     total_exact: bool = True
-
-
-class ClusterCounts(BaseModel):
-    """One cluster (null: jobs whose cluster is not known yet) and its jobs by status."""
-
-    cluster: str | None
-    total: int
-    statuses: dict[str, int]
-
-
-class ClusterListResponse(BaseModel):
-    """``GET /api/clusters``: every cluster that holds a job, by name."""
-
-    clusters: list[ClusterCounts]
 
 
 class JobEventListResponse(BaseModel):

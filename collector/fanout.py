@@ -136,6 +136,11 @@ class Hub:
             self._changed.notify_all()
         self._poked.set()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the server is shutting down (close() was called)."""
+        return self._closed
+
     def poke(self) -> None:
         """Read the feed now: this process just committed an event."""
         self._poked.set()

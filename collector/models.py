@@ -1,4 +1,4 @@
-"""The schema: typed SQLAlchemy models for jobs, their lifecycle events and streamed blobs."""
+"""The schema: typed SQLAlchemy models for jobs, their lifecycle events, streamed blobs and cluster probes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sqlalchemy import JSON
 from sqlalchemy import BigInteger
 from sqlalchemy import Boolean
 from sqlalchemy import DateTime
+from sqlalchemy import Float
 from sqlalchemy import ForeignKey
 from sqlalchemy import Index
 from sqlalchemy import Integer
@@ -176,3 +177,46 @@ class BlobChunk(Base):
     start_offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     end_offset: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ClusterProbe(Base):
+    """A cluster's newest probe report (``collector probe``) and the health derived from it."""
+
+    __tablename__ = "cluster_probes"
+
+    cluster: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # available / degraded / unavailable, by the rules of collector/health.py.
+    status: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(Text)
+    # When the probe ran (its clock) and when the report arrived (ours): silence is
+    # judged on ours, so a probe host with a wrong clock cannot look alive or dead.
+    probed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    interval_s: Mapped[float] = mapped_column(Float)
+    # When ``status`` took its current value.
+    status_since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    # The report as sent (nodes, partitions, error), for people and dashboards.
+    report: Mapped[dict[str, Any]] = mapped_column(JSONDocument)
+
+
+class SlurmJob(Base):
+    """What the cluster probe last saw of one active job in Slurm's queue.
+
+    Its own table rather than columns on ``jobs``: the probe writes it without taking
+    the job's write lock, and the lifecycle PUT (the hot path) never touches it.
+    """
+
+    __tablename__ = "slurm_jobs"
+
+    job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    # Slurm's state (PENDING, RUNNING, CANCELLED, ...), null while Slurm never listed the job.
+    state: Mapped[str | None] = mapped_column(String(32))
+    # Slurm's reason for a pending job (Resources, Priority, ...).
+    reason: Mapped[str | None] = mapped_column(Text)
+    # The first probe that saw ``state``.
+    state_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The first probe that found the job out of the queue (absent, or finished in
+    # Slurm), null while it is queued or running: stale detection counts from here.
+    gone_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The newest probe that asked Slurm about the job.
+    observed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)

@@ -108,6 +108,12 @@ class Settings:
     log_format: str = "text"
     # /metrics: "open" like /api/health, or "token" (the read token or the write token).
     metrics_auth: str = "open"
+    # Stale jobs (collector/store/stale.py): an active job that left Slurm's queue this
+    # long ago without a final report, or that sent nothing at all for stale_silence_s
+    # (0: never), is marked failed; each process checks every stale_check_s.
+    stale_grace_s: float = 120.0
+    stale_silence_s: float = 86_400.0
+    stale_check_s: float = 60.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -137,6 +143,9 @@ class Settings:
             request_threads=_int(env, "COLLECTOR_THREADS", 8),
             log_format=(env.get("COLLECTOR_LOG_FORMAT") or "text").strip().lower(),
             metrics_auth=(env.get("COLLECTOR_METRICS_AUTH") or "open").strip().lower(),
+            stale_grace_s=_float(env, "COLLECTOR_STALE_GRACE", 120.0),
+            stale_silence_s=_float(env, "COLLECTOR_STALE_SILENCE", 86_400.0),
+            stale_check_s=_float(env, "COLLECTOR_STALE_CHECK_INTERVAL", 60.0),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "database_url" in overrides and overrides["database_url"] is not None:
@@ -171,6 +180,11 @@ class Settings:
         for name in ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number of seconds")
+        for name in ("stale_grace_s", "stale_check_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be a positive number of seconds")
+        if not self.stale_silence_s >= 0:
+            raise SettingsError("stale_silence_s (COLLECTOR_STALE_SILENCE) must be zero (off) or more seconds")
         if self.request_threads < 1:
             raise SettingsError("request_threads (COLLECTOR_THREADS) must be at least 1")
         if self.max_streams < 0:

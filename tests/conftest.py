@@ -58,11 +58,13 @@ class TestDatabase:
     def clean(self) -> None:
         with self.engine.begin() as conn:
             if self.is_postgres:
-                conn.execute(text("TRUNCATE blob_chunks, blob_files, job_events, jobs, job_counts "
+                conn.execute(text("TRUNCATE slurm_jobs, cluster_probes, blob_chunks, blob_files, job_events, jobs, "
+                                  "job_counts "
                                   "RESTART IDENTITY CASCADE"))
             else:
                 # Children first: this inspection engine does not turn on SQLite's foreign keys.
-                for table in ("blob_chunks", "blob_files", "job_events", "jobs", "job_counts"):
+                for table in ("slurm_jobs", "cluster_probes", "blob_chunks", "blob_files", "job_events", "jobs",
+                              "job_counts"):
                     conn.execute(text(f"DELETE FROM {table}"))
 
     def assert_counts_match_jobs(self) -> None:

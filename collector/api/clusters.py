@@ -1,37 +1,84 @@
-"""``/api/clusters``: the clusters the collector knows, with their jobs by status."""
+"""``/api/clusters``: cluster health from the probe, job counts and active jobs; the probe's report."""
 
 from __future__ import annotations
 
-from flask import Blueprint
+import datetime as dt
 
+from flask import Blueprint
+from flask import current_app
+from pydantic import TypeAdapter
+from pydantic import ValidationError
+
+from collector import health
+from collector.api import parse_body
 from collector.api import respond
-from collector.contract import ClusterCounts
-from collector.contract import ClusterListResponse
-from collector.contract import JobStatus
+from collector.cluster_contract import ClusterListResponse
+from collector.cluster_contract import ClusterStatusReport
+from collector.cluster_contract import ClusterStatusResponse
+from collector.cluster_contract import Health
+from collector.contract import Identifier
 from collector.db import transaction
+from collector.errors import Unprocessable
+from collector.errors import validation_detail
+from collector.janitor import get_janitor
+from collector.openapi import JSON
 from collector.openapi import operation
-from collector.store import counts
-from collector.store.identity import wire_cluster
+from collector.store import clusters as cluster_store
 
 bp = Blueprint("clusters", __name__, url_prefix="/api/clusters")
-_LIFECYCLE = [status.value for status in JobStatus]
+# A cluster in a path follows the job id's rule: no slash, no control character.
+_CLUSTER = TypeAdapter(Identifier)
 
 
-def _in_lifecycle_order(statuses: dict[str, int]) -> dict[str, int]:
-    known = {status: statuses[status] for status in _LIFECYCLE if status in statuses}
-    return {**known, **{status: n for status, n in sorted(statuses.items()) if status not in known}}
+def checked_cluster(cluster: str) -> str:
+    """The path's cluster name, held to the job id's rule."""
+    try:
+        return _CLUSTER.validate_python(cluster)
+    except ValidationError as exc:
+        detail, errors = validation_detail(exc, "path", name="cluster")
+        raise Unprocessable(detail, extra={"errors": errors}) from None
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 @bp.get("")
 @operation(responses={200: ClusterListResponse})
 def list_clusters():
-    """Every cluster holding a job, by name, with its job counts by status (jobs with no known cluster: null, last)."""
-    # From the maintained per-(cluster, status) counts: the cost does not grow with the jobs.
-    found = transaction(counts.by_cluster)
-    # Sorted here, not in SQL: code point order whatever the database's collation.
-    names = sorted(found, key=lambda name: (name == "", name))
-    return respond(ClusterListResponse(clusters=[
-        ClusterCounts(cluster=wire_cluster(name), total=sum(found[name].values()),
-                      statuses=_in_lifecycle_order(found[name]))
-        for name in names
-    ]))
+    """Every cluster holding a job or probed: health, job counts by status and active jobs (no cluster: null, last)."""
+    return respond(ClusterListResponse(clusters=transaction(lambda conn: cluster_store.states(conn, _now()))))
+
+
+def _status_response(cluster: str, now: dt.datetime) -> ClusterStatusResponse:
+    def read(conn):
+        (state,) = cluster_store.states(conn, now, cluster)
+        return ClusterStatusResponse(**dict(state), watch=cluster_store.watch(conn, cluster))
+
+    return transaction(read)
+
+
+@bp.get("/<cluster>/status")
+@operation(responses={200: ClusterStatusResponse})
+def cluster_status(cluster: str):
+    """One cluster as GET /api/clusters lists it, plus the job ids its probe should ask Slurm about."""
+    return respond(_status_response(checked_cluster(cluster), _now()))
+
+
+@bp.put("/<cluster>/status")
+@operation(body={JSON: ClusterStatusReport}, responses={200: ClusterStatusResponse})
+def report_status(cluster: str):
+    """Record what a probe of the cluster saw (``collector probe``); the collector derives the health."""
+    cluster = checked_cluster(cluster)
+    report = parse_body(ClusterStatusReport)
+    status, detail = health.derive(report.error, report.nodes, report.partitions)
+    now = _now()
+
+    def write(conn):
+        cluster_store.save_probe(conn, cluster, report, Health(status), detail, now)
+        cluster_store.observe_jobs(conn, cluster, report, now)
+
+    transaction(write, write=True)
+    # Right away rather than at the next periodic sweep: this report may be what makes a job stale.
+    get_janitor(current_app).sweep(now)
+    return respond(_status_response(cluster, now))

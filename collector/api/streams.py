@@ -26,7 +26,7 @@ from collector.openapi import operation
 bp = Blueprint("streams", __name__)
 RESUME = {"Last-Event-ID": "resume after this event id (wins over ?after=)"}
 
-_HEADERS = {
+STREAM_HEADERS = {
     # no-transform: a compressing proxy would hold events back to fill its blocks.
     "Cache-Control": "no-cache, no-transform",
     # nginx buffers proxied responses unless told otherwise, per response.
@@ -68,24 +68,37 @@ def _resume_from(after: int | None) -> int | None:
     return int(header)
 
 
-def _stream(where: fanout.Filter, after: int | None) -> Response:
-    settings = current_app.config["COLLECTOR_SETTINGS"]
-    hub = fanout.get_hub()
-    cursor = _resume_from(after)
+def open_stream(hub: fanout.Hub) -> int:
+    """Take one of the process's stream slots and return the feed's live edge; 503 when neither is to be had."""
     try:
         hub.acquire()
     except fanout.Unavailable as exc:
         raise APIError(f"{exc}; retry shortly", status=503, headers={"Retry-After": "5"}) from None
     try:
-        if cursor is None:
-            cursor = hub.live_edge()
+        return hub.live_edge()
     except fanout.Unavailable as exc:
         hub.release()
         raise APIError(str(exc), status=503, headers={"Retry-After": "5"}) from None
-    # Jittered, so streams opened together (after a deploy, say) do not all reconnect together.
-    lifetime = settings.stream_max_lifetime_s * random.uniform(0.9, 1.0)
-    body = fanout.frames(hub, cursor, where, settings, lifetime=lifetime)
-    response = Response(body, mimetype="text/event-stream", headers=_HEADERS)
+
+
+def stream_response(hub: fanout.Hub, body) -> Response:
+    """The response that sends ``body`` and gives the slot back when it ends."""
+    response = Response(body, mimetype="text/event-stream", headers=STREAM_HEADERS)
     # Not a finally in the generator: one that never started never runs it.
     response.call_on_close(hub.release)
     return response
+
+
+def lifetime() -> float:
+    """How long the stream about to open may last."""
+    # Jittered, so streams opened together (after a deploy, say) do not all reconnect together.
+    return current_app.config["COLLECTOR_SETTINGS"].stream_max_lifetime_s * random.uniform(0.9, 1.0)
+
+
+def _stream(where: fanout.Filter, after: int | None) -> Response:
+    hub = fanout.get_hub()
+    cursor = _resume_from(after)
+    edge = open_stream(hub)
+    body = fanout.frames(hub, edge if cursor is None else cursor, where, current_app.config["COLLECTOR_SETTINGS"],
+                         lifetime=lifetime())
+    return stream_response(hub, body)

@@ -13,6 +13,7 @@ from collector.contract import JobDetail
 from collector.contract import JobEventRecord
 from collector.contract import JobStatus
 from collector.contract import JobUpdatePayload
+from collector.store import clusters
 from collector.store import counts
 from collector.store import events
 from collector.store import writes
@@ -187,6 +188,7 @@ def detail(conn: Connection, job_id: str, cluster: str | None) -> JobDetail:
         artifacts=row["artifacts"],
         metadata=row["metadata"],
         events=events.job_events(conn, row["id"]),
+        slurm=clusters.slurm_view(conn, row["id"]),
     )
 
 

@@ -1,0 +1,115 @@
+"""Stale jobs: active jobs that left Slurm's queue or went silent, marked failed so they stop counting as running.
+
+Two observations make a job stale, each with its own configurable wait:
+
+- **left the queue**: the cluster probe found the job finished in Slurm (or no longer
+  listed) ``grace`` seconds ago, and the job has sent nothing since then;
+- **silent**: nothing at all (no PUT, no log or capture bytes) for ``silence`` seconds.
+
+Marking is an ordinary update to ``failed`` (an event, the counts, the streams), with
+a message that says what was observed and when. A later real report still wins: it is
+applied like any other PUT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from sqlalchemy import Connection
+from sqlalchemy import exists
+from sqlalchemy import select
+
+from collector.contract import JobStatus
+from collector.contract import JobUpdatePayload
+from collector.contract import format_timestamp
+from collector.models import BlobFile
+from collector.store import jobs
+from collector.store.clusters import ACTIVE
+from collector.store.clusters import SLURM
+from collector.store.clusters import SLURM_FINISHED
+from collector.store.identity import JOBS
+from collector.store.identity import find_for_write
+from collector.store.identity import wire_cluster
+
+BLOBS = BlobFile.__table__
+# Jobs marked per sweep; the next sweep takes the rest (a sweep holds no lock across jobs).
+BATCH = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A job that looked stale when read, and the message it would be failed with."""
+
+    job_id: str
+    cluster: str
+    updated_at: dt.datetime
+    message: str
+
+
+def _quiet_since(cutoff: dt.datetime):
+    """Jobs with no report and no log or capture bytes after ``cutoff``."""
+    return JOBS.c.updated_at <= cutoff, ~exists().where(BLOBS.c.job_pk == JOBS.c.id, BLOBS.c.updated_at > cutoff)
+
+
+def candidates(conn: Connection, now: dt.datetime, *, grace_s: float, silence_s: float) -> list[Candidate]:
+    """The active jobs that are stale at ``now`` (``silence_s`` 0: the silence rule is off)."""
+    found: dict[tuple[str, str], Candidate] = {}
+    cutoff = now - dt.timedelta(seconds=grace_s)
+    left = (
+        select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.updated_at, SLURM.c.state, SLURM.c.gone_since)
+        .join(SLURM, SLURM.c.job_pk == JOBS.c.id)
+        .where(JOBS.c.status.in_(ACTIVE), SLURM.c.gone_since <= cutoff, *_quiet_since(cutoff))
+        .limit(BATCH)
+    )
+    for row in conn.execute(left).mappings():
+        found[row["cluster"], row["job_id"]] = Candidate(row["job_id"], row["cluster"], row["updated_at"],
+                                                         _left_message(row))
+    if silence_s > 0:
+        quiet = now - dt.timedelta(seconds=silence_s)
+        silent = (
+            select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.updated_at)
+            .where(JOBS.c.status.in_(ACTIVE), *_quiet_since(quiet))
+            .limit(BATCH)
+        )
+        for row in conn.execute(silent).mappings():
+            message = (f"No report from the job since {_at(row['updated_at'])} "
+                       f"(nothing for more than {silence_s:g} s); marked failed by the collector")
+            found.setdefault((row["cluster"], row["job_id"]),
+                             Candidate(row["job_id"], row["cluster"], row["updated_at"], message))
+    return list(found.values())
+
+
+def _at(moment: dt.datetime) -> str:
+    # Whole seconds: the message is for people; the event's own timestamp is exact.
+    return format_timestamp(moment.replace(microsecond=0))
+
+
+def _left_message(row) -> str:
+    since = _at(row["gone_since"])
+    if row["state"] in SLURM_FINISHED:
+        seen = f"Slurm reported the job {row['state']} at {since}"
+    elif row["state"]:
+        seen = f"The job left Slurm's queue by {since} (last seen {row['state']})"
+    else:
+        seen = f"Slurm did not list the job at {since}"
+    return (f"{seen} and it sent no final report (last report {_at(row['updated_at'])}); "
+            "marked failed by the collector")
+
+
+def mark(conn: Connection, candidate: Candidate, now: dt.datetime) -> jobs.WriteResult | None:
+    """Fail ``candidate`` unless it reported (or finished) since it was read; None when it did."""
+    row = find_for_write(conn, candidate.job_id, candidate.cluster)  # takes the job's write lock
+    if (row is None or row["cluster"] != candidate.cluster or row["status"] not in ACTIVE
+            or row["updated_at"] != candidate.updated_at):
+        return None
+    payload = JobUpdatePayload(
+        status=JobStatus.FAILED,
+        # The reporter's clock may be ahead of ours: never move updated_at backwards.
+        updated_at=max(now, row["updated_at"]),
+        # The stage it was in when it was last heard from is where it died.
+        stage=row["stage"],
+        message=candidate.message,
+        metadata={"cluster": wire_cluster(row["cluster"])} if row["cluster"] else None,
+    )
+    return jobs.update(conn, candidate.job_id, payload)

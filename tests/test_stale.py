@@ -1,0 +1,125 @@
+"""Stale jobs: out of Slurm's queue past the grace period, or silent too long, end failed; a real report still wins."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+from collector.store import stale
+from tests.test_api_clusters import listing
+from tests.test_api_clusters import reported
+from tests.test_api_clusters import submit
+from tests.test_api_jobs import detail
+from tests.test_api_jobs import put
+
+
+def tokens() -> dict:
+    return {"write_token": "w-" + uuid.uuid4().hex, "read_token": "r-" + uuid.uuid4().hex}
+
+
+def wait_for(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def utc(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_a_job_that_left_the_queue_is_failed_after_the_grace_period(serve, database):
+    api = serve(**tokens(), stale_grace_s=1.0)
+    submit(api, "5")
+    put(api, "5", "benchmark", stage="benchmark", message="Running benchmark", metadata={"cluster": "c1"},
+        updated_at="2026-12-03T08:10:00Z")
+    reported(api, jobs=[{"job_id": "5", "state": "RUNNING"}], queried_job_ids=["5"])
+    # Gone from squeue (the head node died with the batch script): not yet past the grace period.
+    first_gone = reported(api, jobs=[], queried_job_ids=["5"])
+    assert detail(api, "5")["status"] == "benchmark"
+    gone_since = detail(api, "5")["slurm"]["gone_since"]
+    assert gone_since is not None and utc(gone_since) >= utc(first_gone["probed_at"])
+    time.sleep(1.1)
+    answer = reported(api, jobs=[], queried_job_ids=["5"])
+    assert answer["watch"] == [] and answer["active_jobs"] == []
+    job = detail(api, "5")
+    assert (job["status"], job["stage"]) == ("failed", "benchmark")  # failed in the stage it was last in
+    assert job["message"] == (f"The job left Slurm's queue by {gone_since[:19]}Z (last seen RUNNING) and it sent "
+                              "no final report (last report 2026-12-03T08:10:00Z); marked failed by the collector")
+    assert [(e["status"], e["message"]) for e in job["events"]][-1] == ("failed", job["message"])
+    assert listing(api)[0]["statuses"] == {"failed": 1}
+    database.assert_counts_match_jobs()
+    # The next probe finds nothing left to do, and no second event appears.
+    reported(api, jobs=[], queried_job_ids=["5"])
+    assert len(detail(api, "5")["events"]) == len(job["events"])
+    # A later real report still wins.
+    put(api, "5", "completed", stage="cleanup", message="Benchmark completed successfully", exit_code=0,
+        metadata={"cluster": "c1"}, updated_at="2026-12-03T08:30:00Z")
+    assert (detail(api, "5")["status"], detail(api, "5")["exit_code"]) == ("completed", 0)
+    database.assert_counts_match_jobs()
+
+
+def test_slurm_s_own_verdict_is_named(serve):
+    api = serve(**tokens(), stale_grace_s=1.0)
+    submit(api, "6")
+    reported(api, jobs=[{"job_id": "6", "state": "CANCELLED", "reason": "None"}], queried_job_ids=["6"])
+    time.sleep(1.1)
+    reported(api, jobs=[{"job_id": "6", "state": "CANCELLED"}], queried_job_ids=["6"])
+    job = detail(api, "6")
+    gone = job["slurm"]["gone_since"][:19] + "Z"
+    assert (job["status"], job["stage"]) == ("failed", None)
+    assert job["message"] == (f"Slurm reported the job CANCELLED at {gone} and it sent no final report "
+                              "(last report 2026-12-03T08:00:00Z); marked failed by the collector")
+
+
+def test_a_job_still_in_the_queue_or_still_reporting_is_left_alone(serve):
+    api = serve(**tokens(), stale_grace_s=1.0)
+    submit(api, "7")
+    submit(api, "8")
+    reported(api, jobs=[{"job_id": "7", "state": "PENDING", "reason": "Priority"}], queried_job_ids=["7", "8"])
+    time.sleep(1.1)
+    # 8 left the queue over a second ago but reported just now (its clock): not stale.
+    put(api, "8", "workers", metadata={"cluster": "c1"},
+        updated_at=dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z"))
+    reported(api, jobs=[{"job_id": "7", "state": "PENDING", "reason": "Priority"}], queried_job_ids=["7", "8"])
+    assert (detail(api, "7")["status"], detail(api, "8")["status"]) == ("submitted", "workers")
+
+
+def test_the_janitor_fails_a_silent_job_without_any_probe(serve, database):
+    api = serve(**tokens(), stale_silence_s=2.0, stale_check_s=0.2)
+    submit(api, "9")   # last heard from at its submission, long ago
+    fresh = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    submit(api, "10", submitted_at=fresh)
+    # Log bytes count as news: a job whose reports are old but whose logs flow is alive.
+    submit(api, "11")
+    assert api.post("/api/jobs/11/logs", params={"file": "a.out", "offset": 0, "cluster": "c1"},
+                    data=b"still here\n").status_code == 200
+    job = wait_for(lambda: (found := detail(api, "9"))["status"] == "failed" and found)
+    assert job, "the janitor did not mark the silent job"
+    assert job["message"] == ("No report from the job since 2026-12-03T08:00:00Z (nothing for more than 2 s); "
+                              "marked failed by the collector")
+    assert (detail(api, "10")["status"], detail(api, "11")["status"]) == ("submitted", "submitted")
+    database.assert_counts_match_jobs()
+
+
+def test_silence_zero_turns_the_rule_off(serve):
+    api = serve(**tokens(), stale_silence_s=0, stale_check_s=0.1)
+    submit(api, "12", submitted_at="2020-01-01T00:00:00Z")
+    api.get("/api/clusters")  # a request starts the janitor
+    time.sleep(0.5)
+    assert detail(api, "12")["status"] == "submitted"
+
+
+def test_a_report_between_reading_and_marking_wins(serve, database):
+    api = serve(**tokens(), stale_silence_s=0)  # its own janitor must not get there first
+    submit(api, "13")
+    now = dt.datetime.now(dt.timezone.utc)
+    with database.engine.connect() as conn:
+        (candidate,) = stale.candidates(conn, now, grace_s=120, silence_s=1.0)
+    put(api, "13", "workers", metadata={"cluster": "c1"}, updated_at="2026-12-03T08:01:00Z")
+    with database.engine.begin() as conn:
+        assert stale.mark(conn, candidate, now) is None
+    assert detail(api, "13")["status"] == "workers"
