@@ -278,3 +278,4 @@ def _ensure_sqlite_dir(url: str) -> None:
 main.add_command(db_group)
 from collector.reporter.cli import client_commands  # noqa: E402 - report, stream-logs, wrap
 for command in client_commands.commands.values(): main.add_command(command)  # noqa: E701
+from collector.probe import probe as probe_command; main.add_command(probe_command)  # noqa: E402,E702 - probe
