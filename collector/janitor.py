@@ -61,6 +61,7 @@ class Janitor:
             if result is not None and result.event is not None:
                 marked += 1
                 metrics.event_appended()
+                metrics.stale_marked(candidate.rule)
                 log.info("job %s%s marked failed: %s", f"{result.cluster}/" if result.cluster else "",
                          result.job_id, candidate.message)
         if marked:

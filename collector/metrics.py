@@ -40,7 +40,9 @@ from collector.db import Database
 from collector.db import get_db
 from collector.guard import METRICS_PATH
 from collector.openapi import operation
+from collector.cluster_contract import Health
 from collector.store import activity
+from collector.store import clusters
 
 log = logging.getLogger("collector")
 
@@ -72,6 +74,12 @@ INGESTED_BYTES = Counter(
     ["kind"],
 )
 EVENTS_APPENDED = Counter("collector_events_appended", "Job events written to the feed.")
+STALE_MARKED = Counter(
+    "collector_stale_jobs_marked", "Active jobs the collector marked failed, by the rule that found them stale.",
+    ["rule"],
+)
+for _rule in ("left_queue", "silent"):
+    STALE_MARKED.labels(rule=_rule)
 OPEN_STREAMS = Gauge("collector_open_streams", "Event streams open now.", multiprocess_mode="livesum")
 POOL_CONNECTIONS = Gauge(
     "collector_db_pool_connections", "Database connections of the pools, checked out by a request or idle.",
@@ -111,6 +119,8 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
     up = GaugeMetricFamily("collector_database_up", "1 if this scrape's database query succeeded, else 0.")
     try:
         reports = database.run(activity.last_reports)
+        now = dt.datetime.now(dt.timezone.utc)
+        probed = database.run(lambda conn: clusters.health(conn, now))
     except SQLAlchemyError as exc:
         # The rest of the scrape is worth most while the database is down: answer it.
         log.warning("metrics: database query failed: %s", str(exc).strip().splitlines()[0])
@@ -124,10 +134,24 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
         "Seconds since the newest updated_at a job of the cluster reported (reporter clocks).",
         labels=["cluster"],
     )
-    now = dt.datetime.now(dt.timezone.utc)
     for cluster, last in reports:
         ages.add_metric([cluster], (now - last).total_seconds())
     yield ages
+    status = GaugeMetricFamily(
+        "collector_cluster_status",
+        "1 for the cluster's current health from its probe (unavailable once the probe is silent), else 0.",
+        labels=["cluster", "status"],
+    )
+    probe_ages = GaugeMetricFamily(
+        "collector_cluster_probe_age_seconds", "Seconds since the cluster's newest probe report arrived.",
+        labels=["cluster"],
+    )
+    for cluster, current, age in probed:
+        for health in Health:
+            status.add_metric([cluster, health.value], 1.0 if health.value == current else 0.0)
+        probe_ages.add_metric([cluster], age)
+    yield status
+    yield probe_ages
 
 
 def _observe(response: Response) -> Response:
@@ -152,6 +176,11 @@ def stored_upload(kind: str, new_bytes: int, created_job: bool) -> None:
 def event_appended() -> None:
     """Count a committed job event."""
     EVENTS_APPENDED.inc()
+
+
+def stale_marked(rule: str) -> None:
+    """Count a job the janitor marked failed."""
+    STALE_MARKED.labels(rule=rule).inc()
 
 
 def stream_opened() -> None:

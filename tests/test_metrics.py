@@ -365,3 +365,25 @@ def test_gunicorn_workers_add_up_and_a_killed_worker_keeps_its_counts(database, 
         assert (directory / f"counter_{victim}.db").exists()
     finally:
         assert server.stop() == 0, server.output
+
+
+def test_cluster_health_and_stale_marks_are_exported(serve):
+    import uuid
+
+    api = serve(write_token="w-" + uuid.uuid4().hex, stale_grace_s=0.5)
+    headers = {"Authorization": f"Bearer {api.token}"}
+    before = value(scrape(api.url), "collector_stale_jobs_marked_total", rule="left_queue")
+    assert requests.post(api.url + "/api/jobs", headers=headers, timeout=10, json={
+        "job_id": "m-s1", "job_name": "n", "submitted_at": "2026-12-03T08:00:00Z", "cluster": "hpc"}).status_code == 201
+    body = {"probed_at": stamp(dt.datetime.now(dt.timezone.utc)), "queried_job_ids": ["m-s1"],
+            "nodes": [{"name": "n1", "state": "down*"}], "partitions": [{"name": "p", "state": "up"}]}
+    for _ in range(2):  # the second report, past the grace period, finds the job stale
+        assert requests.put(api.url + "/api/clusters/hpc/status", json=body, headers=headers,
+                            timeout=10).status_code == 200
+        time.sleep(0.6)
+    samples = scrape(api.url)
+    assert value(samples, "collector_stale_jobs_marked_total", rule="left_queue") == before + 1
+    assert {dict(labels)["status"]: v for labels, v in series(samples, "collector_cluster_status").items()} == {
+        "available": 0.0, "degraded": 1.0, "unavailable": 0.0}  # nodes, none usable: degraded, "; no usable nodes"
+    (age,) = series(samples, "collector_cluster_probe_age_seconds").values()
+    assert 0.5 <= age < 10

@@ -173,6 +173,16 @@ def states(conn: Connection, now: dt.datetime, cluster: str | None = None) -> li
     return [_state(conn, name, found.get(name, {}), probes.get(name), now) for name in names]
 
 
+def health(conn: Connection, now: dt.datetime) -> list[tuple[str, str, float]]:
+    """Each probed cluster's status now (unavailable once its probe is silent) and its report's age in seconds."""
+    rows = conn.execute(select(PROBES.c.cluster, PROBES.c.status, PROBES.c.received_at, PROBES.c.interval_s))
+    found = []
+    for cluster, status, received_at, interval_s in rows:
+        silent = now - received_at > silent_after(interval_s)
+        found.append((cluster, Health.UNAVAILABLE.value if silent else status, (now - received_at).total_seconds()))
+    return found
+
+
 def _state(conn: Connection, name: str, statuses: dict[str, int], probe: _Probe | None,
            now: dt.datetime) -> ClusterState:
     active = _active_jobs(conn, name) if any(statuses.get(s) for s in ACTIVE) else []

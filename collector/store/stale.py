@@ -45,6 +45,8 @@ class Candidate:
     cluster: str
     updated_at: dt.datetime
     message: str
+    # Which rule found it: "left_queue" or "silent" (the metric's label).
+    rule: str
 
 
 def _quiet_since(cutoff: dt.datetime):
@@ -64,7 +66,7 @@ def candidates(conn: Connection, now: dt.datetime, *, grace_s: float, silence_s:
     )
     for row in conn.execute(left).mappings():
         found[row["cluster"], row["job_id"]] = Candidate(row["job_id"], row["cluster"], row["updated_at"],
-                                                         _left_message(row))
+                                                         _left_message(row), "left_queue")
     if silence_s > 0:
         quiet = now - dt.timedelta(seconds=silence_s)
         silent = (
@@ -76,7 +78,7 @@ def candidates(conn: Connection, now: dt.datetime, *, grace_s: float, silence_s:
             message = (f"No report from the job since {_at(row['updated_at'])} "
                        f"(nothing for more than {silence_s:g} s); marked failed by the collector")
             found.setdefault((row["cluster"], row["job_id"]),
-                             Candidate(row["job_id"], row["cluster"], row["updated_at"], message))
+                             Candidate(row["job_id"], row["cluster"], row["updated_at"], message, "silent"))
     return list(found.values())
 
 
