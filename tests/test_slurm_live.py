@@ -125,9 +125,9 @@ class Batch:
         self.jobs.append(job_id)
         return job_id
 
-    def wrap(self, command: str, *sbatch_args: str, name: str = "live") -> str:
+    def wrap(self, command: str, *sbatch_args: str, name: str = "live", before: str = "") -> str:
         wrapper = " ".join(shlex.quote(part) for part in collector_command())
-        return self.submit(f"exec {wrapper} wrap --interval 0.5 -- {command}", *sbatch_args, name=name)
+        return self.submit(f"{before}\nexec {wrapper} wrap --interval 0.5 -- {command}", *sbatch_args, name=name)
 
     def slurm_state(self, job_id: str) -> str:
         done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
@@ -269,3 +269,30 @@ def test_stopping_slurmctld_makes_the_cluster_unavailable_with_the_probe_error(a
         subprocess.run(["bash", str(SETUP), "up"], check=True, timeout=120, capture_output=True)
         wait_usable()
     assert run_probe(api)["status"] == "available"
+
+
+def test_a_job_killed_hard_is_marked_failed_once_it_left_the_queue(serve, tmp_path):
+    wait_usable()
+    api = serve(write_token="w-live", stale_grace_s=1.0, stale_check_s=0.5)
+    jobs = Batch(api, tmp_path)
+    try:
+        pid_file = tmp_path / "wrapper.pid"
+        # exec: the wrapper keeps the batch shell's pid, which the script writes down first.
+        job_id = jobs.wrap("sleep 300", name="wrapped-killed", before=f"echo $$ > {shlex.quote(str(pid_file))}")
+        wait_for("the job to start", lambda: job(api, job_id).get("status") in ("starting", "running"))
+        # SIGKILL to the wrapper itself (the node dying, the OOM killer): it cannot report anything.
+        # scancel --signal=KILL would not do: Slurm cancels with SIGTERM first, which the wrapper reports.
+        os.kill(int(pid_file.read_text()), 9)
+        wait_for("Slurm to end the job", lambda: jobs.slurm_state(job_id) in ("FAILED", "CANCELLED"))
+        assert job(api, job_id)["status"] in ("starting", "running")
+
+        def marked():
+            run_probe(api)  # each report triggers the stale check at once
+            found = job(api, job_id)
+            return found if found.get("status") == "failed" else None
+
+        found = wait_for("the collector to mark the job failed", marked, timeout=30, every=0.5)
+        assert "marked failed by the collector" in found["message"], found["message"]
+        assert "Slurm reported the job" in found["message"], found["message"]
+    finally:
+        jobs.cancel_all()
