@@ -19,8 +19,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from sqlalchemy import text
+
 from collector import guard
 from collector import ui
+from collector.contract import format_timestamp
+from tests.test_api_clusters import reported
 from tests.test_api_jobs import put
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +40,11 @@ CLUSTERS = ("b200", "gb300")
 # Three hours ago on the minute: recent enough for the screenshots to look like a working day.
 START = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0) - dt.timedelta(hours=3)
 LINE = 113  # bytes per line of the large log
+# A cluster stream re-reads the clusters every second (collector/api/cluster_stream.py): a
+# probe report is on the page a second or two later.
+CLUSTER_LIVE_MS = 3_000
+# One node of two drained: degraded, and still usable.
+DRAINED = {"nodes": [{"name": "n1", "state": "drained", "reason": "disk"}, {"name": "n2", "state": "idle"}]}
 
 
 # ---------------------------------------------------------------- the files, without a browser
@@ -160,6 +169,36 @@ def wait_for_status(page, job_id: str, shown: str) -> None:
         arg=[job_id, shown])
 
 
+def chips(page) -> list[list[str | None]]:
+    """Each cluster chip as [name, health, probe silent badge, detail] (null: not shown)."""
+    return page.evaluate(CHIPS)
+
+
+CHIPS = """() => [...document.querySelectorAll('#clusters .chip')].map(chip =>
+    ['name', 'health', 'silent', 'detail'].map(part => chip.querySelector('.' + part)?.textContent ?? null))"""
+
+
+def wait_for_chips(page, expected: list[list[str | None]], timeout: float = WAIT_MS) -> None:
+    from playwright.sync_api import TimeoutError  # a page means Playwright is there
+
+    try:
+        page.wait_for_function(f"expected => JSON.stringify(({CHIPS})()) === JSON.stringify(expected)",
+                               arg=expected, timeout=timeout)
+    except TimeoutError:
+        assert chips(page) == expected  # says what the page shows instead
+        raise
+
+
+def wait_for_cluster_stream(page) -> None:
+    """The chips follow the cluster stream (the state line itself is hidden while live)."""
+    page.wait_for_selector("#clusters-state[data-state=live]", state="attached")
+
+
+def queue_badge(page, job_id: str) -> str | None:
+    return page.evaluate("id => document.querySelector(`#jobs-body tr[data-key$='${id}'] .queue`)?.textContent ?? null",
+                         job_id)
+
+
 def shoot(page, name: str) -> None:
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
@@ -181,6 +220,8 @@ def test_table_pages_with_status_words_and_token_from_fragment(collector, page):
     started = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
     put(collector, "1056", "benchmark", stage="benchmark", message="Running benchmark", started_at=started,
         updated_at=at(116), metadata={"cluster": "b200"})
+    reported(collector, "b200")
+    reported(collector, "gb300", **DRAINED)
     open_page(page, collector)
     page.wait_for_selector("#jobs-body tr[data-key]")
     # #token= is stored and leaves the address at once.
@@ -381,8 +422,79 @@ def test_polling_takes_over_when_the_stream_is_refused(serve, page):
     page.wait_for_function("() => document.querySelector('#feed li').textContent.endsWith("
                            "'1000 b200 ◑ workers workers Starting workers')")
     wait_for_status(page, "1000", "◑ workers")
+    # The cluster health polls too.
+    page.wait_for_selector("#clusters-state[data-state=polling]")
+    assert [chip[0] for chip in chips(page)] == ["b200", "gb300"]
     page.select_option("#interval", "0")
     page.wait_for_selector("#connection[data-state=paused]")
+
+
+# ---------------------------------------------------------------- cluster health
+
+
+def test_cluster_chips_show_health_and_detail_change_live_and_filter(collector, page):
+    seed(collector, 4)
+    collector.post("/api/jobs", json={"job_id": "3000", "job_name": "a100-run", "cluster": "a100",
+                                      "submitted_at": at(10)})
+    reported(collector, "b200")
+    reported(collector, "gb300", **DRAINED)
+    open_page(page, collector)
+    # One chip per cluster with a job or a probe; the detail is on the chip, not only in its tooltip.
+    wait_for_chips(page, [["a100", "no probe", None, None], ["b200", "available", None, None],
+                          ["gb300", "degraded", None, "n1 drained (disk)"]])
+    assert page.get_attribute("#clusters .chip[data-cluster=gb300]", "data-health") == "degraded"
+    assert page.is_visible("#clusters .chip[data-cluster=gb300] .detail")
+    wait_for_cluster_stream(page)
+    # A probe report reaches the chip without a reload.
+    reported(collector, "b200", error="slurm_load_partitions: Unable to contact slurm controller", nodes=[])
+    reported(collector, "gb300")
+    wait_for_chips(page, [["a100", "no probe", None, None],
+                          ["b200", "unavailable", None, "slurm_load_partitions: Unable to contact slurm controller"],
+                          ["gb300", "available", None, None]], timeout=CLUSTER_LIVE_MS)
+    # A chip is the cluster filter; a second click clears it.
+    page.click("#clusters .chip[data-cluster=gb300]")
+    wait_for_ids(page, ["1003", "1001"])
+    assert page.input_value("#cluster") == "gb300" and "cluster=gb300" in page.url
+    assert page.get_attribute("#clusters .chip[data-cluster=gb300]", "aria-pressed") == "true"
+    page.click("#clusters .chip[data-cluster=gb300]")
+    wait_for_ids(page, ["3000", "1003", "1002", "1001", "1000"])
+    assert page.input_value("#cluster") == ""
+
+
+def test_a_silent_probe_is_shown_as_such_live(collector, database, page):
+    seed(collector, 2)
+    reported(collector, "b200", interval_s=30)
+    open_page(page, collector)
+    wait_for_chips(page, [["b200", "available", None, None], ["gb300", "no probe", None, None]])
+    last = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=10)
+    with database.engine.begin() as conn:  # ten minutes without a report
+        conn.execute(text("UPDATE cluster_probes SET received_at = :t"),
+                     {"t": last if database.is_postgres else last.replace(tzinfo=None)})
+    detail = f"probe silent since {format_timestamp(last)} (expected every 30 s); last report: available"
+    wait_for_chips(page, [["b200", "unavailable", "probe silent", detail], ["gb300", "no probe", None, None]],
+                   timeout=CLUSTER_LIVE_MS)
+
+
+def test_a_queued_job_shows_its_reason_in_the_table_and_the_detail_pane(collector, page):
+    seed(collector, 3)  # 1002 on b200 is submitted, not started
+    pending = {"job_id": "1002", "state": "PENDING", "reason": "Resources"}
+    reported(collector, "b200", jobs=[pending], queried_job_ids=["1002"])
+    open_page(page, collector, "?job=1002&job_cluster=b200")
+    page.wait_for_selector("#jobs-body tr[data-key$='1002'] .queue")
+    assert queue_badge(page, "1002") == "queued: Resources"
+    assert queue_badge(page, "1001") is None
+    slurm = page.locator("#detail dd[data-field=slurm]")
+    assert slurm.inner_text() == f"PENDING (Resources) since {shown_at(2)}"
+    # Slurm's reason changes, then the job starts: both reach the table and the open detail live.
+    reported(collector, "b200", jobs=[{**pending, "reason": "Priority"}], queried_job_ids=["1002"])
+    page.wait_for_function("() => document.querySelector(`tr[data-key$='1002'] .queue`)?.textContent"
+                           " === 'queued: Priority'", timeout=CLUSTER_LIVE_MS)
+    page.wait_for_selector(f"#detail dd[data-field=slurm]:text-is('PENDING (Priority) since {shown_at(2)}')",
+                           timeout=CLUSTER_LIVE_MS)
+    reported(collector, "b200", jobs=[{"job_id": "1002", "state": "RUNNING"}], queried_job_ids=["1002"])
+    page.wait_for_selector("#detail dd[data-field=slurm]:text-matches('^RUNNING since ')", timeout=CLUSTER_LIVE_MS)
+    assert queue_badge(page, "1002") is None
+    assert page.locator("#jobs-body tr[data-key$='1002'] .status").inner_text() == "○ submitted"
 
 
 # ---------------------------------------------------------------- logs and captures
@@ -607,3 +719,8 @@ def test_status_prefix_mode_needs_no_token_in_the_browser(collector, status_prox
     put(collector, "1000", "workers", stage="workers", message="Starting workers", updated_at=at(120),
         metadata={"cluster": "b200"})
     wait_for_status(page, "1000", "◑ workers")
+    # The cluster stream comes through the proxy as well.
+    wait_for_cluster_stream(page)
+    reported(collector, "b200", **DRAINED)
+    wait_for_chips(page, [["b200", "degraded", None, "n1 drained (disk)"], ["gb300", "no probe", None, None]],
+                   timeout=CLUSTER_LIVE_MS)

@@ -1,4 +1,4 @@
-// The page: jobs table (paged, searched and sorted by the server), detail pane, live feed.
+// The page: cluster health chips, jobs table (paged, searched and sorted by the server), detail pane, live feed.
 // Every piece of job data reaches the DOM as text (el() makes text nodes), never as HTML.
 "use strict";
 
@@ -15,6 +15,8 @@
   const SORTS = { submitted: "submitted", updated: "updated", job_id: "job id", status: "status", cluster: "cluster" };
   const DEFAULT_DESC = new Set(["submitted", "updated"]);
   const TABS = ["overview", "logs", "tachometer"];
+  // A mark per cluster health, so it too reads without colour ("none": no probe ever reported).
+  const HEALTH_MARKS = { available: "●", degraded: "◐", unavailable: "✗", none: "○" };
   const INTERVAL_KEY = "collector.interval";
 
   // ------------------------------------------------------------------ helpers
@@ -191,7 +193,7 @@
       el("td", {}, open),
       el("td", { class: "name" }, job.job_name),
       el("td", {}, job.cluster ?? "—"),
-      el("td", {}, statusBadge(job.status)),
+      el("td", { class: "state" }, statusBadge(job.status), queueBadge(job)),
       el("td", {}, job.stage ?? ""),
       el("td", { class: "message" }, job.message ?? ""),
       el("td", { class: "elapsed num" }, elapsed(job)),
@@ -281,21 +283,8 @@
 
   // ------------------------------------------------------------------ filters
 
-  let clusterCounts = [];
-
-  async function loadClusters() {
-    let listedClusters;
-    try {
-      listedClusters = await C.get("api/clusters");
-    } catch (error) {
-      C.explain(error);
-      return;
-    }
-    clusterCounts = listedClusters.clusters;
-    renderFilters();
-  }
-
   function renderFilters() {
+    const clusterCounts = sortedClusters();
     const clusterSelect = $("cluster");
     const options = [el("option", { value: "" }, "all clusters")];
     let known = false;
@@ -324,7 +313,148 @@
     Object.assign(state, changes, { page: changes.page || 1 });
     writeState();
     renderFilters();
+    markChosenChip();
     loadList();
+  }
+
+  // Counts change with every job event: a select being used is not rebuilt under the pointer.
+  let filtersStale = false;
+
+  function renderFiltersUnlessInUse() {
+    const active = document.activeElement;
+    filtersStale = active === $("cluster") || active === $("status");
+    if (!filtersStale) renderFilters();
+  }
+
+  function renderStaleFilters() {
+    if (filtersStale) renderFiltersUnlessInUse();
+  }
+
+  // ------------------------------------------------------------------ cluster health
+
+  // Each cluster as GET /api/clusters lists it, by name, kept current by the cluster stream.
+  const clusterStates = new Map();
+  // Each active job the clusters list, by keyOf(): its phase and Slurm's reason.
+  const activeJobs = new Map();
+  const dirty = { chips: false, counts: false, jobs: false };
+  let clusterFrame = 0;
+
+  /** Code point order with the unknown cluster last, as GET /api/clusters sends them. */
+  function sortedClusters() {
+    return [...clusterStates.values()].sort((a, b) =>
+      a.cluster === null ? 1 : b.cluster === null ? -1 : a.cluster < b.cluster ? -1 : a.cluster > b.cluster ? 1 : 0);
+  }
+
+  /** Take cluster states from the stream (one changed cluster) or a GET (``whole``: every cluster). */
+  function onClusters(entries, whole) {
+    if (whole) {
+      const listedNames = new Set(entries.map((entry) => entry.cluster));
+      for (const old of [...clusterStates.values()]) {
+        if (!listedNames.has(old.cluster)) mergeCluster(old, null);
+      }
+    }
+    for (const entry of entries) mergeCluster(clusterStates.get(entry.cluster), entry);
+    // One DOM update per frame, and only of the parts whose data changed.
+    if (!clusterFrame) clusterFrame = requestAnimationFrame(flushClusters);
+  }
+
+  const chipData = (entry) => entry && JSON.stringify([entry.status, entry.detail, entry.probe_silent, entry.probed_at]);
+  const countData = (entry) => entry && JSON.stringify([entry.total, entry.statuses]);
+  const jobsData = (entry) => entry && JSON.stringify(entry.active_jobs);
+  const selectedActive = () => (state.job ? JSON.stringify(activeJobs.get(keyOf(state.job)) ?? null) : null);
+
+  /** Replace ``old`` with ``entry`` (null: the cluster is gone) and note what must be redrawn. */
+  function mergeCluster(old, entry) {
+    const name = (entry || old).cluster;
+    if (entry) clusterStates.set(name, entry);
+    else clusterStates.delete(name);
+    dirty.chips = dirty.chips || chipData(old) !== chipData(entry);
+    dirty.counts = dirty.counts || countData(old) !== countData(entry);
+    if (jobsData(old) === jobsData(entry)) return;
+    dirty.jobs = true;
+    const before = selectedActive();
+    for (const job of old ? old.active_jobs : []) activeJobs.delete(keyOf({ cluster: name, job_id: job.job_id }));
+    for (const job of entry ? entry.active_jobs : []) activeJobs.set(keyOf({ cluster: name, job_id: job.job_id }), job);
+    // Probe reports carry no job event: the open job's Slurm view is re-read when its entry moves.
+    if (selectedActive() !== before) refreshDetail();
+  }
+
+  function flushClusters() {
+    clusterFrame = 0;
+    if (dirty.chips) renderChips();
+    if (dirty.counts) renderFiltersUnlessInUse();
+    if (dirty.jobs) syncQueueBadges();
+    Object.assign(dirty, { chips: false, counts: false, jobs: false });
+  }
+
+  function renderChips() {
+    $("clusters").replaceChildren(...sortedClusters().filter((entry) => entry.cluster !== null).map(chip));
+  }
+
+  /** One cluster: its health by mark and word, the probe's detail in full view, and a filter on click. */
+  function chip(entry) {
+    const health = entry.status || "none";
+    const probed = entry.probed_at ? `probed ${localTime(entry.probed_at)}` : "no probe has reported for this cluster";
+    const button = el("button", {
+      type: "button", class: "chip", "data-cluster": entry.cluster, "data-health": health,
+      "aria-pressed": state.cluster === entry.cluster ? "true" : "false",
+      // The detail is on the chip itself (cut by CSS when long); the tooltip holds all of it.
+      title: [entry.detail, probed, "click to show only its jobs"].filter(Boolean).join("\n"),
+    },
+    el("span", { class: "dot", "aria-hidden": "true" }, HEALTH_MARKS[health] || "?"),
+    el("span", { class: "name" }, entry.cluster), " ",
+    el("span", { class: "health" }, entry.status || "no probe"),
+    entry.probe_silent ? el("span", { class: "silent" }, "probe silent") : null,
+    entry.detail ? el("span", { class: "detail" }, entry.detail) : null);
+    button.addEventListener("click", () => setFilter({ cluster: state.cluster === entry.cluster ? "" : entry.cluster }));
+    return button;
+  }
+
+  function markChosenChip() {
+    for (const button of $("clusters").children) {
+      button.setAttribute("aria-pressed", button.dataset.cluster === state.cluster ? "true" : "false");
+    }
+  }
+
+  function onClusterConnection(mode, text) {
+    const line = $("clusters-state");
+    line.dataset.state = mode;
+    line.textContent = `cluster health ${text}`;
+  }
+
+  // Slurm's "no reason" is the word None.
+  const reasonOf = (text) => (text && text !== "None" ? text : null);
+
+  /** "queued: Resources" while Slurm holds an active job back (from the clusters' active jobs), else null. */
+  function queueBadge(job) {
+    const active = activeJobs.get(keyOf(job));
+    if (!active || active.phase !== "queued" || FINISHED.has(job.status)) return null;
+    const reason = reasonOf(active.reason);
+    return el("span", { class: "queue", title: `waiting in Slurm's queue since ${localTime(active.since)}` },
+      reason ? `queued: ${reason}` : "queued");
+  }
+
+  /** Bring the rows' queue badges up to date in place, touching only those that changed. */
+  function syncQueueBadges() {
+    for (const tr of $("jobs-body").querySelectorAll("tr[data-key]")) {
+      if (!tr.job) continue;
+      const cell = tr.querySelector("td.state");
+      const old = cell.querySelector(".queue");
+      const fresh = queueBadge(tr.job);
+      if ((old && old.textContent) === (fresh && fresh.textContent)) continue;
+      if (old) old.remove();
+      if (fresh) cell.append(fresh);
+    }
+  }
+
+  /** Slurm's view of the job, as the detail's ``slurm`` has it. */
+  function slurmText(slurm) {
+    if (!slurm) return "—";
+    if (!slurm.state) return `not in Slurm's queue (asked ${localTime(slurm.observed_at)})`;
+    const reason = reasonOf(slurm.reason);
+    const since = slurm.since ? ` since ${localTime(slurm.since)}` : "";
+    const gone = slurm.gone_since ? ` · out of the queue since ${localTime(slurm.gone_since)}` : "";
+    return `${slurm.state}${reason ? ` (${reason})` : ""}${since}${gone}`;
   }
 
   // ------------------------------------------------------------------ the detail pane
@@ -458,6 +588,7 @@
       ["status", statusBadge(job.status)],
       ["stage", job.stage ?? "—"],
       ["message", job.message ?? "—"],
+      ["slurm", slurmText(job.slurm)],
       ["exit code", job.exit_code ?? "—"],
       ["duration", durationOf(job), "duration"],
       ["submitted", localTime(job.submitted_at)],
@@ -526,7 +657,6 @@
   }
 
   const refreshList = throttle(loadList, 1500);
-  const refreshClusters = throttle(loadClusters, 10000);
   const refreshDetail = throttle(() => loadDetail(false), 1000);
 
   function onEvents(events) {
@@ -535,9 +665,9 @@
       patchRow(event);
       if (state.job && keyOf(state.job) === keyOf(event)) refreshDetail();
     }
-    // Order, filters and totals may have moved: re-read the page (at most every 1.5 s).
+    // Order and totals may have moved: re-read the page (at most every 1.5 s). The filters'
+    // counts come with the cluster stream.
     refreshList();
-    refreshClusters();
   }
 
   function onConnection(mode, text) {
@@ -566,6 +696,7 @@
   // ------------------------------------------------------------------ start
 
   let live = null;
+  let clusterLive = null;
   let pollTimer = null;
 
   function interval() {
@@ -579,10 +710,10 @@
   }
 
   function reconnect() {
-    loadClusters();
     loadList();
     if (state.job) loadDetail(true);
     live.start();
+    clusterLive.start();
   }
 
   function wire() {
@@ -613,6 +744,7 @@
         // Not remembered; still applies.
       }
       live.setInterval(interval());
+      clusterLive.setInterval(interval());
       schedulePoll();
     });
 
@@ -621,6 +753,8 @@
     search.addEventListener("input", debounce(() => setFilter({ q: search.value.trim() }), 250));
     $("status").addEventListener("change", (e) => setFilter({ status: e.target.value }));
     $("cluster").addEventListener("change", (e) => setFilter({ cluster: e.target.value }));
+    $("cluster").addEventListener("blur", renderStaleFilters);
+    $("status").addEventListener("blur", renderStaleFilters);
     $("sort").replaceChildren(...Object.entries(SORTS).map(([value, label]) => el("option", { value }, label)));
     $("sort").addEventListener("change", (e) => setFilter({ sort: e.target.value, order: "" }));
     $("order").addEventListener("click", () => setFilter({ order: descending() ? "asc" : "desc" }));
@@ -652,10 +786,12 @@
     renderFilters();
     live = new C.Live(onEvents, onConnection);
     live.interval = interval();
-    loadClusters();
+    clusterLive = new C.ClusterLive(onClusters, onClusterConnection);
+    clusterLive.interval = interval();
     loadList();
     if (state.job) loadDetail(true);
     live.start();
+    clusterLive.start();
     schedulePoll();
     setInterval(tick, 1000);
   }

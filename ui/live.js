@@ -1,10 +1,11 @@
-// Live updates: the event stream read with fetch (so the token travels in a header), and
-// polling of /api/events with the cursor when streaming fails or is not wanted.
+// Live updates: the event and cluster streams read with fetch (so the token travels in a header),
+// and polling (/api/events with the cursor, /api/clusters) when streaming fails or is not wanted.
 "use strict";
 
 (function (C) {
   const RETRY_STREAM_MS = 30000; // while polling, how often to try the stream again
   const POLL_LIMIT = 500;
+  const RESUME_MS = 500; // after a stream the server ended, before reconnecting
 
   /** Split a text/event-stream body into events; ``feed`` takes decoded text as it arrives. */
   C.SSEParser = class {
@@ -45,17 +46,14 @@
     }
   };
 
-  /**
-   * The live connection. ``onEvents(events)`` gets every new event (the stream's carry the
-   * job summary as ``job``); ``onState(state, text)`` the connection state for the header.
-   */
-  C.Live = class {
-    constructor(onEvents, onState) {
-      this.onEvents = onEvents;
-      this.onState = onState;
+  /** A 401 or 403: polling would be refused too, so only a new token (or a later retry) helps. */
+  const refused = (error) => error instanceof C.ApiError && (error.status === 401 || error.status === 403);
+  const why = (error) => (error instanceof C.ApiError && error.status ? `${error.status} ${error.detail}` : "no connection");
+
+  /** What the live connections share: a generation per (re)start, so an older one's answers are dropped. */
+  class Connection {
+    constructor() {
       this.interval = 5000;
-      this.cursor = null;
-      this.mode = "off";
       this.abort = null;
       this.timer = null;
       this.generation = 0;
@@ -65,6 +63,56 @@
     setInterval(ms) {
       this.interval = ms;
       this.start();
+    }
+
+    stop() {
+      this.generation += 1;
+      if (this.abort) this.abort.abort();
+      this.abort = null;
+      clearTimeout(this.timer);
+      this.timer = null;
+    }
+
+    /** ``fn`` after ``ms``, unless the connection restarts meanwhile. */
+    later(fn, ms) {
+      const generation = this.generation;
+      this.timer = setTimeout(() => generation === this.generation && fn(), ms);
+    }
+
+    /** Open ``path`` as an event stream, read with fetch so the token travels in a header. */
+    open(path, params) {
+      const abort = (this.abort = new AbortController());
+      return C.fetch(path, params, { headers: C.headers({ Accept: "text/event-stream" }), signal: abort.signal });
+    }
+
+    /** Hand each event of ``response`` to ``onEvent`` until the body ends; false if the connection restarted meanwhile. */
+    async consume(response, generation, onEvent) {
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      const parser = new C.SSEParser(onEvent);
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          parser.feed(value);
+        }
+      } catch (error) {
+        // A broken body ends the stream as a closed one does: the caller reconnects.
+      }
+      return generation === this.generation;
+    }
+  }
+
+  /**
+   * The live connection. ``onEvents(events)`` gets every new event (the stream's carry the
+   * job summary as ``job``); ``onState(state, text)`` the connection state for the header.
+   */
+  C.Live = class extends Connection {
+    constructor(onEvents, onState) {
+      super();
+      this.onEvents = onEvents;
+      this.onState = onState;
+      this.cursor = null;
+      this.mode = "off";
     }
 
     /** (Re)connect: the stream first, polling when it fails. */
@@ -77,14 +125,6 @@
       this.stream();
     }
 
-    stop() {
-      this.generation += 1;
-      if (this.abort) this.abort.abort();
-      this.abort = null;
-      clearTimeout(this.timer);
-      this.timer = null;
-    }
-
     state(mode, text) {
       this.mode = mode;
       this.onState(mode, text);
@@ -92,14 +132,10 @@
 
     async stream() {
       const generation = this.generation;
-      const abort = (this.abort = new AbortController());
       this.state("connecting", "connecting to the event stream…");
       let response;
       try {
-        response = await C.fetch("api/events/stream", { after: this.cursor }, {
-          headers: C.headers({ Accept: "text/event-stream" }),
-          signal: abort.signal,
-        });
+        response = await this.open("api/events/stream", { after: this.cursor });
       } catch (error) {
         if (generation !== this.generation) return;
         this.fallBack(error);
@@ -107,37 +143,26 @@
       }
       C.ok();
       this.state("live", "live: event stream");
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      const parser = new C.SSEParser((event) => {
+      const current = await this.consume(response, generation, (event) => {
         if (event.type !== "job-event") return;
         const record = JSON.parse(event.data);
         this.cursor = record.id;
         this.onEvents([record]);
       });
-      try {
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          parser.feed(value);
-        }
-      } catch (error) {
-        if (generation !== this.generation) return;
-      }
-      if (generation !== this.generation) return;
       // The server ended the stream (its lifetime, a restart): resume from the cursor.
-      this.timer = setTimeout(() => this.generation === generation && this.stream(), 500);
+      if (current) this.later(() => this.stream(), RESUME_MS);
     }
 
     async fallBack(error) {
-      if (error instanceof C.ApiError && (error.status === 401 || error.status === 403)) {
+      if (refused(error)) {
         C.explain(error);
         this.state("offline", `offline: ${error.status} from the collector`);
         this.timer = setTimeout(() => this.start(), RETRY_STREAM_MS);
         return;
       }
-      const why = error instanceof C.ApiError && error.status ? `${error.status} ${error.detail}` : "no connection";
+      const reason = why(error);
       if (this.cursor === null) this.cursor = await this.edge();
-      this.reason = why;
+      this.reason = reason;
       this.poll(this.generation, Date.now() + RETRY_STREAM_MS);
     }
 
@@ -183,6 +208,81 @@
       }
       // A full page means more are waiting: read on at once instead of after the interval.
       this.timer = setTimeout(() => this.poll(generation, retryStreamAt), full ? 0 : this.interval);
+    }
+  };
+
+  /**
+   * The clusters' health, live: /api/clusters/stream sends a cluster-status event per cluster
+   * at once and one per change after. It has no ids, so a reconnect simply starts afresh.
+   * When it fails, GET /api/clusters on the poll interval, trying the stream again now and then.
+   * ``onClusters(entries, whole)``: ``whole`` when ``entries`` is every cluster (a GET), else
+   * one changed cluster; ``onState(state, text)`` as for C.Live.
+   */
+  C.ClusterLive = class extends Connection {
+    constructor(onClusters, onState) {
+      super();
+      this.onClusters = onClusters;
+      this.onState = onState;
+    }
+
+    start() {
+      this.stop();
+      if (!this.interval) {
+        this.onState("paused", "paused: no live cluster health");
+        this.read(); // paused still shows the clusters as they are now
+        return;
+      }
+      this.stream();
+    }
+
+    async stream() {
+      const generation = this.generation;
+      let response;
+      try {
+        response = await this.open("api/clusters/stream");
+      } catch (error) {
+        if (generation === this.generation) this.fallBack(error);
+        return;
+      }
+      this.onState("live", "live: cluster stream");
+      const current = await this.consume(response, generation, (event) => {
+        if (event.type === "cluster-status") this.onClusters([JSON.parse(event.data)], false);
+      });
+      if (current) this.later(() => this.stream(), RESUME_MS);
+    }
+
+    fallBack(error) {
+      // The job list explains a refused token on the hint line; saying it twice helps nobody.
+      if (refused(error)) {
+        this.onState("offline", `offline: ${error.status} from the collector`);
+        this.later(() => this.start(), RETRY_STREAM_MS);
+        return;
+      }
+      this.reason = why(error);
+      this.poll(Date.now() + RETRY_STREAM_MS);
+    }
+
+    async poll(retryStreamAt) {
+      const generation = this.generation;
+      const read = await this.read();
+      if (generation !== this.generation) return;
+      const seconds = this.interval / 1000;
+      if (read) this.onState("polling", `polling every ${seconds} s (stream unavailable: ${this.reason})`);
+      else this.onState("offline", `offline: retrying every ${seconds} s`);
+      if (Date.now() >= retryStreamAt) this.stream();
+      else this.later(() => this.poll(retryStreamAt), this.interval);
+    }
+
+    /** One GET of every cluster; false when it failed. */
+    async read() {
+      const generation = this.generation;
+      try {
+        const listed = await C.get("api/clusters");
+        if (generation === this.generation) this.onClusters(listed.clusters, true);
+        return true;
+      } catch (error) {
+        return false;
+      }
     }
   };
 })((window.C = window.C || {}));
