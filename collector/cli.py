@@ -9,6 +9,8 @@ import time
 
 import click
 
+from collector.probe import probe as probe_command
+from collector.reporter.cli import client_commands
 from collector.settings import Settings
 from collector.settings import SettingsError
 from collector.settings import database_url
@@ -29,7 +31,12 @@ def main() -> None:
 @click.option("--read-token-env", default=None, help="Variable holding the read token (default SRTCTL_STATUS_READ_TOKEN).")
 @click.option("--allow-unauthenticated", is_flag=True, default=None, help="Serve without a token off loopback.")
 @click.option("--cors-origin", "cors_origins", multiple=True, help="Origin allowed to read from a browser; repeatable; '*' for any.")
-def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors_origins) -> None:
+@click.option("--probe-cluster", default=None, metavar="NAME",
+              help="Also probe Slurm cluster NAME from this host (sinfo/squeue), as `collector probe` would.")
+@click.option("--probe-interval", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds between probes of --probe-cluster.")
+def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors_origins, probe_cluster,
+          probe_interval) -> None:
     """Serve the collector (threads, for one user; use gunicorn for a shared deployment)."""
     from werkzeug.serving import make_server
 
@@ -62,14 +69,28 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     log.info("collector listening on http://%s:%d (%s, %s)", settings.host, server.server_port,
              _redacted(settings.database_url), auth)
     sys.stdout.flush()
+    probe = _start_probe(probe_cluster, probe_interval, server.server_port, settings) if probe_cluster else None
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        if probe is not None:
+            probe.stop()
         _end_streams(app)
         server.server_close()
         log.info("collector stopped")
+
+
+def _start_probe(cluster: str, interval: float, port: int, settings: Settings):
+    from collector.probe import start_in_process
+
+    # The probe talks to this very process, with its write token: over loopback when the
+    # server listens on every address, else on the one address it listens on.
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    log.info("probing Slurm cluster %s every %g s", cluster, interval)
+    return start_in_process(cluster, url, settings.write_token, interval_s=interval)
 
 
 def _end_streams(app, grace: float = 5.0) -> None:
@@ -276,6 +297,6 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 
 main.add_command(db_group)
-from collector.reporter.cli import client_commands  # noqa: E402 - report, stream-logs, wrap
-for command in client_commands.commands.values(): main.add_command(command)  # noqa: E701
-from collector.probe import probe as probe_command; main.add_command(probe_command)  # noqa: E402,E702 - probe
+main.add_command(probe_command)
+for _command in client_commands.commands.values():  # report, stream-logs, wrap
+    main.add_command(_command)

@@ -1,6 +1,6 @@
-"""A tiny HTTP server for reporter tests: records every request and answers by a script.
+"""Helpers for the reporter tests: a recording HTTP server, a second collector, reads of what landed.
 
-By default it forwards each request to a real collector (``upstream``) and passes the answer
+The Recorder is a tiny HTTP server that records every request and answers by a script. By default it forwards each request to a real collector (``upstream``) and passes the answer
 back, so the reporter talks to real collector behaviour while the test sees every request on
 the wire; ``script`` can instead drop the connection (no answer), hang, or answer itself
 (a redirect, a 403, a doctored acknowledgement).
@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import threading
+import time
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from collections.abc import Iterator
 
@@ -150,6 +152,34 @@ def second_database(new_database) -> str:
 def second_api(serve, second_database, api):
     """A second collector with its own database and ``api``'s tokens (its jobs stay across the module's tests)."""
     return serve(database_url=second_database, write_token=api.token, read_token=api.settings.read_token)
+
+
+def new_id(prefix: str) -> str:
+    """A job id no other test uses (the second collector's database is shared by a module)."""
+    return prefix + uuid.uuid4().hex[:10]
+
+
+def detail(api, job_id) -> dict:
+    """The job's detail, which must exist."""
+    response = api.get(f"/api/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def log_files(api, job_id) -> dict[str, tuple[int, bool]]:
+    """The job's streamed files: name to (size, final); empty while nothing has arrived."""
+    response = api.get(f"/api/jobs/{job_id}/logs")
+    if response.status_code == 404:
+        return {}
+    return {f["file"]: (f["size"], f["final"]) for f in response.json()["files"]}
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
 
 
 def closed_port_url() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 from alembic.script import ScriptDirectory
@@ -149,3 +150,30 @@ def test_db_downgrade_takes_a_relative_revision(new_database):
     current = run(collector_command("db", "current", "--db", url), child_env())
     before_head = ScriptDirectory.from_config(alembic_config(url)).get_revision(head_revision()).down_revision
     assert current.stdout.startswith(f"{before_head} (behind")
+
+
+def test_serve_probe_cluster_reports_the_cluster_it_runs_on(tmp_path):
+    # A PATH without Slurm's tools makes the outcome the same on every machine: the probe
+    # runs, fails to find sinfo, and says so as the cluster's status.
+    import requests
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = child_env(SRTCTL_STATUS_TOKEN="w-token", PATH=str(bin_dir))
+    args = collector_command("serve", "--port", "0", "--db", str(tmp_path / "p.db"), "--probe-cluster", "login",
+                             "--probe-interval", "1")
+    server = ServerProcess(args, env)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            state = requests.get(server.url + "/api/clusters/login/status",
+                                 headers={"Authorization": "Bearer w-token"}, timeout=5).json()
+            if state["status"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (state["status"], state["detail"], state["probe_silent"]) == (
+            "unavailable", "sinfo: command not found", False)
+    finally:
+        server.stop()
+    assert "probing Slurm cluster login every 1 s" in server.output
+    assert "w-token" not in server.output

@@ -11,11 +11,11 @@ import uuid
 from tests.processes import child_env
 from tests.processes import collector_command
 from tests.processes import run
-from tests.recorder import closed_port_url
-
-
-def new_id() -> str:
-    return "c" + uuid.uuid4().hex[:10]
+from tests.reporting import closed_port_url
+from tests.reporting import detail
+from tests.reporting import log_files
+from tests.reporting import new_id
+from tests.reporting import wait_for
 
 
 def env_for(api, job_id: str | None = None, **extra: str) -> dict[str, str]:
@@ -32,12 +32,6 @@ def collector(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return run(collector_command(*args), env, timeout=60)
 
 
-def detail(api, job_id) -> dict:
-    response = api.get(f"/api/jobs/{job_id}")
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def final_state(api, job_id) -> tuple:
     job = detail(api, job_id)
     return job["status"], job["stage"], job["message"], job["exit_code"]
@@ -48,22 +42,8 @@ def log_text(api, job_id, name) -> str:
     return body["data"]
 
 
-def log_files(api, job_id) -> dict[str, tuple[int, bool]]:
-    response = api.get(f"/api/jobs/{job_id}/logs")
-    if response.status_code == 404:
-        return {}
-    return {f["file"]: (f["size"], f["final"]) for f in response.json()["files"]}
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def test_report_commands_carry_a_job_through_its_lifecycle(api):
-    job_id = new_id()
+    job_id = new_id("c")
     env = env_for(api, job_id, SLURM_JOB_NAME="train", SLURM_CLUSTER_NAME="b200",
                   COLLECTOR_ENDPOINTS=api.url)
     steps = [
@@ -85,7 +65,7 @@ def test_report_commands_carry_a_job_through_its_lifecycle(api):
         ("submitted", None), ("starting", "Job started on node-3"), ("benchmark", "Running benchmark"),
         ("completed", "Benchmark completed successfully")]
 
-    other = new_id()
+    other = new_id("c")
     done = collector("report", "completed", "--exit-code", "4", "--job-id", other, "--endpoint", api.url,
                      "--cluster", "c9", env=env_for(api))
     assert done.returncode == 0
@@ -100,10 +80,13 @@ def test_report_needs_an_endpoint_and_a_job_id(api):
     done = collector("report", "status", "starting", "--endpoint", api.url, env=env_for(api))
     assert done.returncode == 2
     assert "no job id: pass --job-id or run inside a Slurm job (SLURM_JOB_ID)" in done.stderr
+    done = collector("report", "status", "running", "--endpoint", api.url, env=env_for(api, "1"))
+    assert done.returncode == 2
+    assert "'running' is not one of 'submitted', 'starting'" in done.stderr
 
 
 def test_unreachable_or_refused_reports_warn_but_exit_0_unless_strict(api):
-    job_id = new_id()
+    job_id = new_id("c")
     down = closed_port_url()
     env = env_for(api, job_id, COLLECTOR_ENDPOINTS=f"{down},{api.url}")
     done = collector("report", "status", "starting", env=env)
@@ -119,7 +102,7 @@ def test_unreachable_or_refused_reports_warn_but_exit_0_unless_strict(api):
 
 
 def test_wrap_reports_the_lifecycle_and_streams_the_output(api, tmp_path):
-    job_id = new_id()
+    job_id = new_id("c")
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "bench.log").write_text("from the benchmark\n")
@@ -137,7 +120,7 @@ def test_wrap_reports_the_lifecycle_and_streams_the_output(api, tmp_path):
 
 
 def test_wrap_reports_failed_with_the_exit_code_and_keeps_it(api):
-    job_id = new_id()
+    job_id = new_id("c")
     env = env_for(api, job_id, COLLECTOR_ENDPOINTS=api.url)
     done = collector("wrap", "--", "sh", "-c", "echo boom; exit 7", env=env)
     assert done.returncode == 7
@@ -146,7 +129,7 @@ def test_wrap_reports_failed_with_the_exit_code_and_keeps_it(api):
     assert log_text(api, job_id, f"wrap-{job_id}.out") == "boom\n"
     assert detail(api, job_id)["metadata"]["log_dir"] is None
 
-    missing = new_id()
+    missing = new_id("c")
     done = collector("wrap", "--job-id", missing, "--", "/no/such/program", env=env)
     assert done.returncode == 127
     assert "cannot run '/no/such/program'" in done.stderr
@@ -164,7 +147,7 @@ def test_wrap_exit_code_survives_a_dead_collector():
 
 
 def test_sigterm_is_forwarded_and_reported_as_failed(api, tmp_path):
-    job_id = new_id()
+    job_id = new_id("c")
     marker = tmp_path / "trapped"
     env = env_for(api, job_id, COLLECTOR_ENDPOINTS=api.url)
     script = f"trap 'echo got TERM; touch {marker}; exit 1' TERM; echo ready; while :; do sleep 0.05; done"
@@ -187,8 +170,29 @@ def test_sigterm_is_forwarded_and_reported_as_failed(api, tmp_path):
     assert log_text(api, job_id, f"wrap-{job_id}.out") == "ready\ngot TERM\n"
 
 
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(api):
+    job_id = new_id("c")
+    env = env_for(api, job_id, COLLECTOR_ENDPOINTS=api.url)
+    proc = subprocess.Popen(collector_command("wrap", "--signal-grace", "0.3", "--", "sh", "-c",
+                                              "trap '' TERM; echo ready; exec sleep 30"),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    assert time.monotonic() - started < 3
+    assert final_state(api, job_id) == (
+        "failed", "cleanup",
+        "Job cancelled (SIGTERM, scancel or the time limit); the command exited with code 137; exit code 143", 143)
+
+
 def test_stream_logs_runs_until_sigterm_then_flushes_final(api, tmp_path):
-    job_id = new_id()
+    job_id = new_id("c")
     (tmp_path / "a.out").write_text("one\n")
     env = env_for(api, job_id, COLLECTOR_ENDPOINTS=api.url)
     proc = subprocess.Popen(collector_command("stream-logs", str(tmp_path), "--interval", "0.1", "--cluster", "c3"),

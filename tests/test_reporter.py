@@ -10,27 +10,23 @@ import sys
 import time
 import uuid
 
+from collector.contract import JobStage
+from collector.contract import JobStatus
+from collector.reporter.status import STAGES
+from collector.reporter.status import STATUSES
 from collector.reporter.status import StatusReporter
 from collector.reporter.transport import Outcome
 from collector.reporter.transport import Transport
 from collector.reporter.transport import env_endpoints
 from collector.reporter.transport import env_token
-from tests.recorder import DROP
-from tests.recorder import HANG
-from tests.recorder import closed_port_url
-from tests.recorder import recorder  # noqa: F401 - fixture
-from tests.recorder import second_api  # noqa: F401 - fixture
-from tests.recorder import second_database  # noqa: F401 - fixture
-
-
-def new_id() -> str:
-    return "r" + uuid.uuid4().hex[:10]
-
-
-def detail(api, job_id) -> dict:
-    response = api.get(f"/api/jobs/{job_id}")
-    assert response.status_code == 200, response.text
-    return response.json()
+from tests.reporting import DROP
+from tests.reporting import HANG
+from tests.reporting import closed_port_url
+from tests.reporting import detail
+from tests.reporting import new_id
+from tests.reporting import recorder  # noqa: F401 - fixture
+from tests.reporting import second_api  # noqa: F401 - fixture
+from tests.reporting import second_database  # noqa: F401 - fixture
 
 
 def events(api, job_id) -> list[tuple]:
@@ -44,12 +40,9 @@ def logged(caplog) -> list[tuple[int, str]]:
 
 
 def test_the_package_imports_neither_flask_nor_sqlalchemy():
-    # collector/__init__ builds the app, so load the reporter under a bare parent package:
-    # what srtctl or a batch job importing only collector.reporter would pull in.
+    # What a batch job (or srtctl) importing only the reporter pulls in.
     code = (
-        "import os, sys, types\n"
-        "pkg = types.ModuleType('collector'); pkg.__path__ = [os.path.abspath('collector')]\n"
-        "sys.modules['collector'] = pkg\n"
+        "import sys\n"
         "import collector.reporter.cli, collector.reporter.streamer, collector.reporter.status\n"
         "print(sorted(m for m in ('flask', 'sqlalchemy', 'werkzeug', 'pydantic', 'alembic') if m in sys.modules))\n"
     )
@@ -60,7 +53,7 @@ def test_the_package_imports_neither_flask_nor_sqlalchemy():
 
 
 def test_a_whole_lifecycle_lands_with_srtctl_semantics(api):
-    job_id = new_id()
+    job_id = new_id("r")
     reporter = StatusReporter(Transport([api.url], api.token), job_id, cluster="b200")
     assert reporter.create("sweep-1", recipe="recipes/a.yaml", metadata={"tags": ["suite:x"]}) is True
     assert reporter.create("sweep-1") is True  # a repeat is 201 too
@@ -85,7 +78,7 @@ def test_a_whole_lifecycle_lands_with_srtctl_semantics(api):
 
 
 def test_a_nonzero_exit_code_reports_failed(api):
-    job_id = new_id()
+    job_id = new_id("r")
     reporter = StatusReporter(Transport([api.url], api.token), job_id)
     assert reporter.report_completed(3) is True
     job = detail(api, job_id)
@@ -117,7 +110,7 @@ def test_wire_format_exclude_none_unquoted_id_bearer_and_exact_success_codes(rec
 
 
 def test_redirects_are_not_followed_and_warned(recorder, api, caplog):
-    job_id = new_id()
+    job_id = new_id("r")
     target = f"{api.url}/api/jobs/{job_id}"
     redirect = recorder(script=lambda *_: (307, {"Location": target}, b""))
     with caplog.at_level(logging.DEBUG, logger="collector.reporter"):
@@ -142,7 +135,7 @@ def test_401_and_403_are_warned_other_failures_only_at_debug(api, caplog):
 
 
 def test_network_errors_get_two_attempts_http_errors_one(recorder, api):
-    job_id = new_id()
+    job_id = new_id("r")
     attempts = []
 
     def drop_first(request, wire):
@@ -194,7 +187,7 @@ def test_a_silent_endpoint_costs_timeout_times_attempts(recorder):
 
 
 def test_every_endpoint_gets_everything_one_after_another(api, second_api):
-    job_id = new_id()
+    job_id = new_id("r")
     down = closed_port_url()
     transport = Transport([api.url, down, second_api.url], api.token)
     reporter = StatusReporter(transport, job_id, cluster="c")
@@ -205,6 +198,11 @@ def test_every_endpoint_gets_everything_one_after_another(api, second_api):
         assert events(collector, job_id) == [("starting", "starting", "Job started on h"),
                                              ("workers", "workers", "Starting workers")]
     assert StatusReporter(Transport([api.url, second_api.url], api.token), job_id).report("benchmark") is True
+
+
+def test_the_reporters_statuses_and_stages_are_the_contracts():
+    assert STATUSES == tuple(s.value for s in JobStatus)
+    assert STAGES == tuple(s.value for s in JobStage)
 
 
 def test_env_helpers(monkeypatch):

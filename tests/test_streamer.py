@@ -12,18 +12,17 @@ import uuid
 from collector.reporter.streamer import FINAL_TIMEOUT
 from collector.reporter.streamer import LogStreamer
 from collector.reporter.transport import Transport
-from tests.recorder import DROP
-from tests.recorder import HANG
-from tests.recorder import closed_port_url
-from tests.recorder import recorder  # noqa: F401 - fixture
-from tests.recorder import second_api  # noqa: F401 - fixture
-from tests.recorder import second_database  # noqa: F401 - fixture
+from tests.reporting import DROP
+from tests.reporting import HANG
+from tests.reporting import closed_port_url
+from tests.reporting import log_files
+from tests.reporting import new_id
+from tests.reporting import wait_for
+from tests.reporting import recorder  # noqa: F401 - fixture
+from tests.reporting import second_api  # noqa: F401 - fixture
+from tests.reporting import second_database  # noqa: F401 - fixture
 
 MiB = 1 << 20
-
-
-def new_id() -> str:
-    return "s" + uuid.uuid4().hex[:10]
 
 
 def text(size: int, seed: int = 0) -> bytes:
@@ -48,13 +47,6 @@ def log_content(api, job_id, name) -> bytes:
         offset = body["next_offset"]
 
 
-def log_files(api, job_id) -> dict[str, tuple[int, bool]]:
-    response = api.get(f"/api/jobs/{job_id}/logs")
-    if response.status_code == 404:  # nothing streamed yet
-        return {}
-    return {f["file"]: (f["size"], f["final"]) for f in response.json()["files"]}
-
-
 def uploads(wire, kind="logs") -> list[tuple[str, int, int, str | None]]:
     """(file, offset, length, final) of every upload the recorder saw."""
     return [(r.params["file"], int(r.params["offset"]), len(r.body), r.params.get("final"))
@@ -62,7 +54,7 @@ def uploads(wire, kind="logs") -> list[tuple[str, int, int, str | None]]:
 
 
 def test_new_bytes_land_in_chunks_of_at_most_1_mib_over_one_connection(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     big = text(2 * MiB + 1000)
     write(tmp_path / "run.out", big)
     write(tmp_path / "sub" / "deeper" / "worker.log", b"worker line\n")
@@ -95,7 +87,7 @@ def test_new_bytes_land_in_chunks_of_at_most_1_mib_over_one_connection(api, reco
 
 
 def test_a_chunk_is_resent_verbatim_until_acknowledged(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     write(tmp_path / "a.log", b"first\n")
     answers = iter(["lost", "lost", "doctored", "forward"])
 
@@ -125,7 +117,7 @@ def test_a_chunk_is_resent_verbatim_until_acknowledged(api, recorder, tmp_path):
 
 
 def test_stop_flushes_with_final_1_on_every_file(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     write(tmp_path / "done.out", b"all sent\n")
     write(tmp_path / "grows.err", b"part one\n")
     wire = recorder(api.url)
@@ -145,7 +137,7 @@ def test_stop_flushes_with_final_1_on_every_file(api, recorder, tmp_path):
 
 
 def test_the_thread_streams_every_interval_until_stopped(api, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     streamer = LogStreamer(Transport([api.url], api.token), job_id, str(tmp_path), interval=0.05).start()
     try:
         write(tmp_path / "job.out", b"line 1\n")
@@ -160,15 +152,8 @@ def test_the_thread_streams_every_interval_until_stopped(api, tmp_path):
     assert log_content(api, job_id, "job.out") == b"line 1\nline 2\n"
 
 
-def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def test_stop_is_bounded_when_an_endpoint_hangs(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     write(tmp_path / "a.out", b"x\n")
     silent = recorder(script=lambda *_: HANG)
     streamer = LogStreamer(Transport([silent.url, api.url], api.token), job_id, str(tmp_path), interval=0.05,
@@ -180,7 +165,7 @@ def test_stop_is_bounded_when_an_endpoint_hangs(api, recorder, tmp_path):
 
 
 def test_a_down_endpoint_does_not_hold_back_the_others(api, second_api, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     write(tmp_path / "a.out", b"x" * 10)
     write(tmp_path / "b.out", b"y" * 20)
     down = closed_port_url()
@@ -198,7 +183,7 @@ def capture(api, job_id, name) -> bytes | None:
 
 
 def test_segments_upload_in_chunks_and_are_deleted_once_every_endpoint_acked(api, second_api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     outbox = tmp_path / "tachometer-outbox"
     segment = random.Random(1).randbytes(2 * MiB + 5)
     write(outbox / "out-1.parquet", segment)
@@ -222,7 +207,7 @@ def test_segments_upload_in_chunks_and_are_deleted_once_every_endpoint_acked(api
 
 
 def test_a_segment_stays_until_the_down_endpoint_acknowledges_it(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     outbox = tmp_path / "outbox"
     write(outbox / "out-7.parquet", b"PAR1" * 1000)
     state = {"down": True}
@@ -239,7 +224,7 @@ def test_a_segment_stays_until_the_down_endpoint_acknowledges_it(api, recorder, 
 
 
 def test_a_wrong_acknowledgement_or_a_changed_file_keeps_the_segment(api, recorder, tmp_path):
-    job_id = new_id()
+    job_id = new_id("s")
     outbox = tmp_path / "outbox"
     write(outbox / "out-1.parquet", b"a" * 100)
     doctored = b'{"job_id": "%s", "next_offset": 99, "complete": true}' % job_id.encode()
@@ -259,3 +244,22 @@ def test_a_wrong_acknowledgement_or_a_changed_file_keeps_the_segment(api, record
     assert streamer.flush() is False
     assert os.listdir(outbox) == ["out-2.parquet"]
     assert capture(api, job_id, "out-2.parquet") == b"b" * 100
+
+
+def test_a_refused_file_is_skipped_a_refusing_endpoint_left_for_the_next_pass(api, recorder, tmp_path):
+    job_id = new_id("s")
+    # The collector already holds other bytes at a.log's offset 0: a.log gets 409, b.log goes on.
+    assert api.post(f"/api/jobs/{job_id}/logs", params={"file": "a.log", "offset": 0}, data=b"other",
+                    headers={"Content-Type": "application/octet-stream"}).status_code == 200
+    write(tmp_path / "a.log", b"mine!")
+    write(tmp_path / "b.log", b"fine\n")
+    streamer = LogStreamer(Transport([api.url], api.token), job_id, str(tmp_path))
+    assert streamer.flush() is False
+    assert streamer.acked[api.url] == {"b.log": 5}
+    assert log_content(api, job_id, "b.log") == b"fine\n"
+    # A 403 is about the endpoint, not the file: one request per pass, not one per file.
+    forbidden = recorder(script=lambda *_: (403, {"Content-Type": "application/json"}, b'{"detail": "no"}'))
+    streamer = LogStreamer(Transport([forbidden.url], "read-token"), job_id, str(tmp_path))
+    assert streamer.flush() is False
+    assert streamer.flush() is False
+    assert [r.params["file"] for r in forbidden.requests] == ["a.log", "a.log"]

@@ -11,6 +11,11 @@ class Deadline:
     """A point in monotonic time after which no new request starts (None: no limit)."""
 
     def __init__(self, seconds: float | None = None) -> None:
+        self.at: float | None = None
+        self.reset(seconds)
+
+    def reset(self, seconds: float | None) -> None:
+        """Move the deadline to ``seconds`` from now (None: no limit)."""
         self.at = None if seconds is None else time.monotonic() + seconds
 
     def left(self) -> float | None:

@@ -17,6 +17,9 @@ import click
 from collector.reporter.client import Client
 from collector.reporter.client import client_options
 from collector.reporter.client import unacknowledged
+from collector.reporter.status import STAGES
+from collector.reporter.status import STATUSES
+from collector.reporter.wrap import SIGNAL_GRACE
 from collector.reporter.wrap import run as wrap_command
 
 
@@ -56,11 +59,11 @@ def submit(client: Client, strict, job_name, recipe, metadata) -> None:
 @report.command()
 @client_options
 @strict_option
-@click.argument("status")
-@click.option("--stage", default=None, help="Stage being entered (starting, workers, benchmark, cleanup, ...).")
+@click.argument("status", type=click.Choice(STATUSES))
+@click.option("--stage", type=click.Choice(STAGES), default=None, help="Stage being entered.")
 @click.option("--message", default=None, help="Free text shown with the status.")
 def status(client: Client, strict, status, stage, message) -> None:
-    """Report STATUS (starting, workers, frontend, benchmark, completed, failed)."""
+    """Report STATUS, the stage the job is entering (completed and failed end it)."""
     _done(client.reporter().report(status, stage, message), "status", strict)
 
 
@@ -118,11 +121,13 @@ def stream_logs(client: Client, interval, outbox, directory) -> None:
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Also stream this directory; the command's output goes to wrap-<job id>.out in it.")
 @click.option("--job-name", default=None, help="Job name (default: $SLURM_JOB_NAME).")
+@click.option("--signal-grace", type=click.FloatRange(min=0), default=SIGNAL_GRACE, show_default=True,
+              metavar="SECONDS", help="After forwarding SIGTERM/SIGINT, kill the command if it is still running.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def wrap(client: Client, interval, outbox, log_dir, job_name, command) -> None:
+def wrap(client: Client, interval, outbox, log_dir, job_name, signal_grace, command) -> None:
     """Run COMMAND with the whole lifecycle reported: started, its output streamed, completed or failed."""
     raise SystemExit(wrap_command(client, list(command), log_dir=log_dir, outbox=outbox, interval=interval,
-                         job_name=job_name or os.environ.get("SLURM_JOB_NAME")))
+                         job_name=job_name or os.environ.get("SLURM_JOB_NAME"), signal_grace=signal_grace))
 
 
 client_commands = click.Group("client", commands=[report, stream_logs, wrap],

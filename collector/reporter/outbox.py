@@ -58,14 +58,14 @@ class Outbox:
             for name, stat in found.items():
                 answered = self._upload(endpoint, name, stat.st_size, deadline)
                 if answered is None:
-                    break  # no answer: leave this endpoint's other segments for the next pass
+                    break  # the endpoint is down or refuses us: leave its other segments for the next pass
         for name, stat in found.items():
             if all(self.progress[e].get(name) == stat.st_size for e in self.transport.endpoints):
                 self._remove(name, stat)
         return not segments(self.directory)
 
     def _upload(self, endpoint: str, name: str, total: int, deadline: Deadline) -> bool | None:
-        """Send the rest of one segment: True when complete, False refused, None no answer."""
+        """Send the rest of one segment: True when complete, False refused, None endpoint failed."""
         done = self.progress[endpoint]
         path = os.path.join(self.directory, name)
         while done.get(name) != total:
@@ -87,7 +87,7 @@ class Outbox:
             acknowledged = (outcome.ok and body.get("job_id") == self.job_id and body.get("next_offset") == end
                             and body.get("complete") is (end == total))
             if not acknowledged:
-                return None if outcome.status is None else False
+                return None if outcome.endpoint_failed else False
             done[name] = end
         return True
 

@@ -9,6 +9,10 @@ from typing import Any
 from collector.reporter.transport import Transport
 
 COMPLETED_MESSAGE = "Benchmark completed successfully"
+# collector.contract's JobStatus and JobStage, spelled out: the reporter does not import the
+# server's models (pydantic); tests/test_reporter.py keeps the two equal.
+STATUSES = ("submitted", "starting", "workers", "frontend", "benchmark", "completed", "failed", "timeout")
+STAGES = ("starting", "head_infrastructure", "preflight", "workers", "frontend", "benchmark", "cleanup")
 
 
 def now() -> str:

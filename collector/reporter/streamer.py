@@ -87,7 +87,8 @@ class LogStreamer:
 
         True when the final pass finished and every endpoint acknowledged everything.
         """
-        self._deadline = Deadline(self.final_timeout)
+        # Moved, not replaced: a pass already running sees it too and starts nothing after it.
+        self._deadline.reset(self.final_timeout)
         if self._thread is None:
             return self.flush(final=True, deadline=self._deadline)
         self._stopping.set()
@@ -124,12 +125,12 @@ class LogStreamer:
                 continue
             sent = self._flush_file(endpoint, name, path, final, deadline)
             if sent is None:
-                return False  # no answer: the endpoint is down, leave its other files for the next pass
+                return False  # the endpoint is down or refuses us: leave its other files for the next pass
             ok = ok and sent
         return ok
 
     def _flush_file(self, endpoint: str, name: str, path: str, final: bool, deadline: Deadline) -> bool | None:
-        """Send what ``endpoint`` lacks of one file: True when acknowledged, False refused, None no answer."""
+        """Send what ``endpoint`` lacks of one file: True when acknowledged, False refused, None endpoint failed."""
         pending = self._pending[endpoint]
         while True:
             chunk = pending.get(name) or self._next_chunk(endpoint, name, path, final)
@@ -148,7 +149,7 @@ class LogStreamer:
             body = outcome.body or {}
             if not (outcome.ok and body.get("job_id") == self.job_id and body.get("stored") in (0, 1)):
                 # Kept in pending: the next pass resends exactly these bytes.
-                return None if outcome.status is None else False
+                return None if outcome.endpoint_failed else False
             del pending[name]
             self.acked[endpoint][name] = chunk.offset + len(chunk.data)
             if chunk.final:

@@ -33,6 +33,11 @@ class Outcome:
     ok: bool
     error: str | None
 
+    @property
+    def endpoint_failed(self) -> bool:
+        """True when the endpoint itself is unusable (no answer, a redirect, 401, 403), not just this request."""
+        return self.status is None or 300 <= self.status < 400 or self.status in WARN_STATUSES
+
 
 def env_token(token_env: str | None = None) -> str | None:
     """The bearer token from the variable named ``token_env`` (default SRTCTL_STATUS_TOKEN); None when unset or empty."""
@@ -84,7 +89,7 @@ class Transport:
         for attempt in range(1, self.attempts + 1):
             try:
                 response = self._request(endpoint, method, url, json=json, params=params, data=data,
-                                         headers=request_headers, timeout=min(self.timeout, timeout or self.timeout))
+                                         headers=request_headers, timeout=self._timeout(timeout))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 log.debug("%s %s: attempt %d of %d failed: %s", method, url, attempt, self.attempts, error)
@@ -100,6 +105,10 @@ class Transport:
         """Close the persistent connections."""
         for session in self._sessions.values():
             session.close()
+
+    def _timeout(self, lower: float | None) -> float:
+        # Never 0: requests would turn that into a non-blocking socket that fails at once.
+        return self.timeout if lower is None else max(0.01, min(self.timeout, lower))
 
     def _request(self, endpoint: str, method: str, url: str, **kwargs) -> requests.Response:
         session = self._sessions.get(endpoint)

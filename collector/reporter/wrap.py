@@ -53,22 +53,48 @@ def _tee(source: BinaryIO, console: BinaryIO, log: BinaryIO, lock: threading.Loc
 
 
 class _Signals:
-    """Remembers the first forwarded signal and passes each one on to the child."""
+    """Remembers the first SIGTERM/SIGINT and passes each one on to the command."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
         self.received: int | None = None
         self.child: subprocess.Popen | None = None
+        self._killer: threading.Timer | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in FORWARDED}
+
+    def attach(self, child: subprocess.Popen) -> None:
+        """Forward to ``child`` from now on (and the signal that came while it was starting)."""
+        self.child = child
+        if self.received is not None:
+            self._forward(self.received)
+
+    def restore(self) -> None:
+        """Put the previous handlers back; the command has ended."""
+        if self._killer is not None:
+            self._killer.cancel()
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
     def _handle(self, signum, _frame) -> None:
         if self.received is None:
             self.received = signum
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+        self._forward(signum)
 
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+    def _forward(self, signum: int) -> None:
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        child.send_signal(signum)
+        if self._killer is None:
+            # The command may ignore it: end it after the grace, well inside Slurm's KillWait.
+            self._killer = threading.Timer(self.grace, _kill, args=(child,))
+            self._killer.daemon = True
+            self._killer.start()
+
+
+def _kill(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
 
 
 def _start(command: list[str], log_file: BinaryIO) -> tuple[subprocess.Popen, list[threading.Thread]]:
@@ -82,10 +108,10 @@ def _start(command: list[str], log_file: BinaryIO) -> tuple[subprocess.Popen, li
 
 
 def run(client: Client, command: list[str], *, log_dir: str | None, outbox: str | None, interval: float,
-        job_name: str | None) -> int:
+        job_name: str | None, signal_grace: float = SIGNAL_GRACE) -> int:
     """Run ``command`` with its lifecycle reported; returns the exit code the job should end with."""
     reporter = client.reporter()
-    signals = _Signals()
+    signals = _Signals(signal_grace)
     private = None if log_dir else tempfile.mkdtemp(prefix=f"collector-wrap-{client.job_id}-")
     directory = log_dir or private
     os.makedirs(directory, exist_ok=True)
@@ -119,30 +145,14 @@ def _supervise(command: list[str], log_file: BinaryIO, signals: _Signals) -> tup
         sys.stderr.write(text)
         log_file.write(text.encode())
         return 127, f"Job failed: cannot run {command[0]!r}: {exc.strerror or exc} (exit code 127)"
-    signals.child = child
-    if signals.received is not None:  # a signal that arrived while the child was being started
-        child.send_signal(signals.received)
-    returncode = _wait_for(child, signals)
+    signals.attach(child)
+    # A blocking wait: a signal runs its handler (which forwards it) and the wait goes on.
+    returncode = child.wait()
     for reader in readers:
         reader.join(DRAIN_TIMEOUT)
     if signals.received is not None:
         return 128 + signals.received, _cancelled(signals.received, returncode)
     return exit_code_of(returncode), None
-
-
-def _wait_for(child: subprocess.Popen, signals: _Signals) -> int:
-    """The child's return code; after a forwarded signal it gets SIGNAL_GRACE seconds, then SIGKILL."""
-    while True:
-        try:
-            return child.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
-        if signals.received is not None:
-            try:
-                return child.wait(timeout=SIGNAL_GRACE)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                return child.wait()
 
 
 def _cancelled(signum: int, returncode: int | None) -> str:
