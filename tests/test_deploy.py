@@ -86,6 +86,29 @@ def test_prune_timer_runs_the_prune_unit_with_the_collector_environment(database
     assert result.stdout.startswith("would remove 0 jobs finished before ")
 
 
+def test_probe_timer_runs_one_probe_with_the_probe_environment(api, tmp_path):
+    service = (ROOT / "deploy" / "collector-probe.service").read_text()
+    timer = (ROOT / "deploy" / "collector-probe.timer").read_text()
+    assert "EnvironmentFile=/etc/collector/probe.env" in service
+    assert "OnUnitActiveSec=60s" in timer and "WantedBy=timers.target" in timer
+    example = dict(line.split("=", 1) for line in (ROOT / "deploy" / "probe.env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert sorted(example) == ["COLLECTOR_ENDPOINTS", "SRTCTL_STATUS_TOKEN"]
+    # The unit's command line, with the environment file's variables, reports to a live collector.
+    # A PATH without Slurm's tools gives the same outcome on every machine.
+    exec_start = next(line for line in service.splitlines() if line.startswith("ExecStart="))
+    program, *args = exec_start.removeprefix("ExecStart=").split()
+    assert program == "/opt/collector/venv/bin/collector"
+    interval = args[args.index("--interval") + 1]
+    assert f"OnUnitActiveSec={interval}s" in timer  # else the collector calls the probe silent
+    env = child_env(COLLECTOR_ENDPOINTS=api.url, SRTCTL_STATUS_TOKEN=api.token, PATH=str(tmp_path))
+    result = run(collector_command(*args), env)
+    assert (result.returncode, result.stdout) == (0, "b200: unavailable (sinfo: command not found)\n"), result.stderr
+    state = api.get("/api/clusters/b200/status").json()
+    assert (state["status"], state["detail"], state["probe_silent"]) == (
+        "unavailable", "sinfo: command not found", False)
+
+
 def test_systemd_units_pass_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -99,7 +122,8 @@ def test_systemd_units_pass_systemd_analyze_verify(tmp_path):
         unit = tmp_path / source.name
         unit.write_text(source.read_text().replace("/opt/collector/venv/bin/", scripts + "/"))
         units.append(str(unit))
-    assert [Path(u).name for u in units] == ["collector-migrate.service", "collector-prune.service",
+    assert [Path(u).name for u in units] == ["collector-migrate.service", "collector-probe.service",
+                                             "collector-probe.timer", "collector-prune.service",
                                              "collector-prune.timer", "collector.service"]
     result = subprocess.run([analyze, "verify", *units], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (0, "")
