@@ -101,6 +101,10 @@ class Job(Base):
     artifacts: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument)
     # "metadata" is reserved on declarative classes; the column keeps the wire name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONDocument)
+    # Our clock, unlike every stamp above: when the newest POST or PUT for the job arrived.
+    # Stale detection judges silence on it, so a reporter whose clock is wrong, or a
+    # report replayed days later, cannot make a live job look dead.
+    received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 
 class JobEvent(Base):

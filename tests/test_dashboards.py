@@ -26,7 +26,7 @@ from collector.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "dashboards.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "collector.json"
-VIEWS = ("jobs", "job_events", "stage_durations", "cluster_activity")
+VIEWS = ("jobs", "job_events", "stage_durations", "cluster_activity", "cluster_health")
 NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 # Every seeded job starts from here; three hours back keeps the 24-hour figures and a
 # six-hour dashboard range around all of them.
@@ -277,7 +277,8 @@ PANEL_COLUMNS = {
     "Failure rate": ["time", "metric", "failure_percent"],
     "Stage durations (p50 / p95)": ["stage", "p50_seconds", "p95_seconds", "spans"],
     "Clusters": ["cluster", "active_jobs", "submitted_last_24h", "finished_last_24h", "failed_last_24h",
-                 "last_report_at", "seconds_since_last_report"],
+                 "last_report_at", "seconds_since_last_report", "health", "health_detail", "queued_jobs",
+                 "running_jobs"],
     "Active jobs": ["cluster", "job_id", "job_name", "status", "stage", "message", "gpu_type", "head_node",
                     "started_at", "updated_at", "run_seconds"],
     "Recent events": ["time", "cluster", "job_id", "job_name", "status", "stage", "message", "event_id"],
@@ -366,6 +367,48 @@ def test_panels_show_the_seeded_numbers(seeded):
         assert len(events) == 20 and [r[-1] for r in events] == sorted((r[-1] for r in events), reverse=True)
 
 
+def probe_report(api, cluster: str, **fields) -> dict:
+    body = {"probed_at": at(3 * 3600), "interval_s": 30, "nodes": [{"name": "n1", "state": "idle"}],
+            "partitions": [{"name": "debug", "state": "up"}], **fields}
+    response = api.put(f"/api/clusters/{cluster}/status", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_cluster_health_view_agrees_with_the_api(seeded, api):
+    # alpha: 102 runs, 103 waits for resources, 104 was never seen in the queue; one node drained.
+    for job_id in ("103", "104"):
+        body = {"job_id": job_id, "job_name": f"sweep-{job_id}", "cluster": "alpha", "submitted_at": at(500)}
+        assert api.post("/api/jobs", json=body).status_code == 201
+    probe_report(api, "alpha", nodes=[{"name": "n1", "state": "drained", "reason": "disk check"},
+                                      {"name": "n2", "state": "mixed"}],
+                 jobs=[{"job_id": "102", "state": "RUNNING"}, {"job_id": "103", "state": "PENDING", "reason": "Resources"}],
+                 queried_job_ids=["102", "103", "104"])
+    # beta: its probe failed, then went quiet (its last report arrived an hour ago).
+    probe_report(api, "beta", error="sinfo: command not found", nodes=[], partitions=[])
+    with seeded.engine.begin() as conn:
+        conn.execute(text("UPDATE cluster_probes SET received_at = now() - interval '1 hour' WHERE cluster = 'beta'"))
+    listed = {c["cluster"]: c for c in api.get("/api/clusters").json()["clusters"]}
+    found = rows(seeded, "SELECT cluster, status, detail, probe_silent, reported_status, probe_interval_seconds, "
+                         "probe_error, nodes, preparing_jobs, queued_jobs, running_jobs, seconds_since_probe "
+                         "FROM collector_api.cluster_health ORDER BY cluster")
+    assert [r[:11] for r in found] == [
+        ("alpha", "degraded", "n1 drained (disk check)", False, "degraded", 30.0, None, 2, 1, 1, 1),
+        ("beta", "unavailable", "sinfo: command not found", True, "unavailable", 30.0, "sinfo: command not found",
+         0, 0, 0, 1),
+    ]
+    assert found[0][11] < 60 and 3590 < found[1][11] < 3660
+    for cluster, status, _, silent, *_ in found:
+        assert (listed[cluster]["status"], listed[cluster]["probe_silent"]) == (status, silent)
+        phases = [job["phase"] for job in listed[cluster]["active_jobs"]]
+        view = dict(zip(("preparing", "queued", "running"), next(r[8:11] for r in found if r[0] == cluster)))
+        assert {phase: phases.count(phase) for phase in view} == view, cluster
+    with seeded.engine.connect() as conn:
+        clusters = by_title(conn, "Clusters", ["alpha", "beta"])
+    assert [r[:2] + r[7:] for r in clusters] == [("alpha", 3, "degraded", "n1 drained (disk check)", 1, 1),
+                                                ("beta", 1, "unavailable", "sinfo: command not found", 0, 1)]
+
+
 # ---------------------------------------------------------------- (d) the read-only role
 
 def grant(url: str, *args: str, env: dict[str, str] | None = None):
@@ -412,7 +455,8 @@ def connect_as(database, role: str, password: str) -> tuple[psycopg.Connection, 
     return conn, "login"
 
 
-def test_grant_readonly_reads_the_views_and_nothing_else(seeded):
+def test_grant_readonly_reads_the_views_and_nothing_else(seeded, api):
+    probe_report(api, "alpha")  # a row for cluster_health
     role, password = f"grafana_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     env = {"GRAFANA_TEST_PASSWORD": password}
     try:
@@ -437,7 +481,8 @@ def test_grant_readonly_reads_the_views_and_nothing_else(seeded):
             for panel in panels():  # what Grafana runs, as Grafana's role
                 (target,) = panel["targets"]
                 conn.execute(expand(target["rawSql"], ["alpha", "beta"], panel.get("interval", "5m")))
-            for table in ("jobs", "job_events", "job_counts", "blob_files", "blob_chunks", "alembic_version"):
+            for table in ("jobs", "job_events", "job_counts", "blob_files", "blob_chunks", "cluster_probes",
+                          "slurm_jobs", "alembic_version"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(sql.SQL("SELECT 1 FROM public.{}").format(sql.Identifier(table)))
             if how != "set role":  # a login gets the role's settings; SET ROLE does not

@@ -74,3 +74,36 @@ def test_job_counts_revision_backfills_existing_jobs(new_database):
         assert counts == {("a", "completed", 2), ("", "workers", 1)}
     finally:
         engine.dispose()
+
+
+def test_received_at_revision_fills_existing_jobs_and_keeps_their_events(new_database):
+    import datetime as dt
+
+    from sqlalchemy import select
+    from sqlalchemy import text
+
+    from collector.models import Job
+
+    url = new_database()
+    migrations.upgrade(url, "0005")
+    engine = create_engine(url, poolclass=NullPool)
+    stamped = dt.datetime(2026, 12, 1, 8, 30, 15, 250000, tzinfo=dt.timezone.utc)
+    try:
+        with engine.begin() as conn:
+            # Raw SQL: the model already has the column this revision adds.
+            conn.execute(text(
+                "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, updated_at)"
+                " VALUES ('a', '7', 'n', false, 'workers', :at, :at)"), {"at": stamped})
+            pk = conn.execute(text("SELECT id FROM jobs")).scalar_one()
+            conn.execute(text("INSERT INTO job_events (job_pk, status, created_at) VALUES (:pk, 'workers', :at)"),
+                         {"pk": pk, "at": stamped})
+        migrations.upgrade(url)
+        with engine.connect() as conn:
+            (received,) = conn.execute(select(Job.received_at)).one()
+            events = conn.execute(text("SELECT count(*) FROM job_events")).scalar_one()
+        # The best guess for rows from before the column: the reporter's newest stamp.
+        assert (received, events) == (stamped, 1)
+        migrations.downgrade(url, "0005")
+        assert "received_at" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    finally:
+        engine.dispose()

@@ -66,7 +66,11 @@ def _merged(existing: dict | None, patch: dict | None, *, existing_wins: bool = 
 
 def _new_row(**fields) -> JobRow:
     """A row not yet stored: every column present, unset ones null."""
-    return {**dict.fromkeys(c.name for c in JOBS.c if c.name != "id"), **fields}
+    return {**dict.fromkeys(c.name for c in JOBS.c if c.name != "id"), "received_at": _now(), **fields}
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def _triple(row: JobRow) -> tuple[str, str | None, str | None]:
@@ -96,6 +100,7 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
         return _result(row, writes.save(conn, row, None, None, payload.submitted_at, commit=True))
     original = dict(row)
     claim(row, cluster)
+    row["received_at"] = _now()
     # A late or repeated POST never rewinds status; it only fills in what is missing.
     if row["is_placeholder"]:
         row["job_name"] = payload.job_name
@@ -130,6 +135,7 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
         original = dict(row)
         before = _triple(row)
         claim(row, cluster)
+        row["received_at"] = _now()
         if row["is_placeholder"] and reported_name and row["job_name"] == placeholder_name(job_id):
             row["job_name"] = reported_name
 
@@ -163,7 +169,8 @@ def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime)
     row = find_for_write(conn, job_id, cluster)
     if row is None:
         row = _new_row(cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=placeholder_name(job_id),
-                       is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now)
+                       is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now,
+                       received_at=now)
         writes.save(conn, row, None, None, now)
         return row["id"], wire_cluster(row["cluster"]), True
     elif cluster and row["cluster"] == NO_CLUSTER:

@@ -4,7 +4,11 @@ Two observations make a job stale, each with its own configurable wait:
 
 - **left the queue**: the cluster probe found the job finished in Slurm (or no longer
   listed) ``grace`` seconds ago, and the job has sent nothing since then;
-- **silent**: nothing at all (no PUT, no log or capture bytes) for ``silence`` seconds.
+- **silent**: nothing at all (no POST or PUT, no log or capture bytes) for ``silence`` seconds.
+
+Both are judged on the collector's clock (``jobs.received_at``, the blobs' ``updated_at``),
+never on the reporter's stamps: a job replayed from an outbox days later, or reported from
+a host whose clock is wrong, is alive for as long as it keeps sending.
 
 Marking is an ordinary update to ``failed`` (an event, the counts, the streams), with
 a message that says what was observed and when. A later real report still wins: it is
@@ -43,7 +47,7 @@ class Candidate:
 
     job_id: str
     cluster: str
-    updated_at: dt.datetime
+    received_at: dt.datetime
     message: str
     # Which rule found it: "left_queue" or "silent" (the metric's label).
     rule: str
@@ -51,7 +55,7 @@ class Candidate:
 
 def _quiet_since(cutoff: dt.datetime):
     """Jobs with no report and no log or capture bytes after ``cutoff``."""
-    return JOBS.c.updated_at <= cutoff, ~exists().where(BLOBS.c.job_pk == JOBS.c.id, BLOBS.c.updated_at > cutoff)
+    return JOBS.c.received_at <= cutoff, ~exists().where(BLOBS.c.job_pk == JOBS.c.id, BLOBS.c.updated_at > cutoff)
 
 
 def candidates(conn: Connection, now: dt.datetime, *, grace_s: float, silence_s: float) -> list[Candidate]:
@@ -59,26 +63,26 @@ def candidates(conn: Connection, now: dt.datetime, *, grace_s: float, silence_s:
     found: dict[tuple[str, str], Candidate] = {}
     cutoff = now - dt.timedelta(seconds=grace_s)
     left = (
-        select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.updated_at, SLURM.c.state, SLURM.c.gone_since)
+        select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.received_at, SLURM.c.state, SLURM.c.gone_since)
         .join(SLURM, SLURM.c.job_pk == JOBS.c.id)
         .where(JOBS.c.status.in_(ACTIVE), SLURM.c.gone_since <= cutoff, *_quiet_since(cutoff))
         .limit(BATCH)
     )
     for row in conn.execute(left).mappings():
-        found[row["cluster"], row["job_id"]] = Candidate(row["job_id"], row["cluster"], row["updated_at"],
+        found[row["cluster"], row["job_id"]] = Candidate(row["job_id"], row["cluster"], row["received_at"],
                                                          _left_message(row), "left_queue")
     if silence_s > 0:
         quiet = now - dt.timedelta(seconds=silence_s)
         silent = (
-            select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.updated_at)
+            select(JOBS.c.job_id, JOBS.c.cluster, JOBS.c.received_at)
             .where(JOBS.c.status.in_(ACTIVE), *_quiet_since(quiet))
             .limit(BATCH)
         )
         for row in conn.execute(silent).mappings():
-            message = (f"No report from the job since {_at(row['updated_at'])} "
+            message = (f"No report from the job since {_at(row['received_at'])} "
                        f"(nothing for more than {silence_s:g} s); marked failed by the collector")
             found.setdefault((row["cluster"], row["job_id"]),
-                             Candidate(row["job_id"], row["cluster"], row["updated_at"], message, "silent"))
+                             Candidate(row["job_id"], row["cluster"], row["received_at"], message, "silent"))
     return list(found.values())
 
 
@@ -95,7 +99,7 @@ def _left_message(row) -> str:
         seen = f"The job left Slurm's queue by {since} (last seen {row['state']})"
     else:
         seen = f"Slurm did not list the job at {since}"
-    return (f"{seen} and it sent no final report (last report {_at(row['updated_at'])}); "
+    return (f"{seen} and it sent no final report (last report {_at(row['received_at'])}); "
             "marked failed by the collector")
 
 
@@ -103,7 +107,7 @@ def mark(conn: Connection, candidate: Candidate, now: dt.datetime) -> jobs.Write
     """Fail ``candidate`` unless it reported (or finished) since it was read; None when it did."""
     row = find_for_write(conn, candidate.job_id, candidate.cluster)  # takes the job's write lock
     if (row is None or row["cluster"] != candidate.cluster or row["status"] not in ACTIVE
-            or row["updated_at"] != candidate.updated_at):
+            or row["received_at"] != candidate.received_at):
         return None
     payload = JobUpdatePayload(
         status=JobStatus.FAILED,
