@@ -82,8 +82,9 @@ def create():
         conn.execute(LOCK_JOB, (body["job_id"],))
         row = conn.execute(
             "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, recipe, submitted_at, updated_at,"
-            " metadata) VALUES (%s, %s, %s, false, 'submitted', %s, %s, %s, %s)"
-            " ON CONFLICT (cluster, job_id) DO UPDATE SET recipe = coalesce(jobs.recipe, excluded.recipe)"
+            " metadata, received_at) VALUES (%s, %s, %s, false, 'submitted', %s, %s, %s, %s, now())"
+            " ON CONFLICT (cluster, job_id) DO UPDATE SET recipe = coalesce(jobs.recipe, excluded.recipe),"
+            " received_at = excluded.received_at"
             " RETURNING id, (xmax = 0)",
             (body.get("cluster") or "", body["job_id"], body["job_name"], body.get("recipe"), body["submitted_at"],
              body["submitted_at"], json.dumps(body.get("metadata"))),
@@ -104,9 +105,9 @@ def update(job_id: str):
         pk, old_status = conn.execute(
             "WITH old AS (SELECT status FROM jobs WHERE cluster = %s AND job_id = %s)"
             " INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, stage, message, submitted_at,"
-            " updated_at, metadata) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s)"
+            " updated_at, metadata, received_at) VALUES (%s, %s, %s, true, %s, %s, %s, %s, %s, %s, now())"
             " ON CONFLICT (cluster, job_id) DO UPDATE SET status = excluded.status, stage = excluded.stage,"
-            " message = excluded.message, updated_at = excluded.updated_at,"
+            " message = excluded.message, updated_at = excluded.updated_at, received_at = excluded.received_at,"
             " metadata = coalesce(jobs.metadata, '{}'::jsonb) || coalesce(excluded.metadata, '{}'::jsonb)"
             " RETURNING id, (SELECT status FROM old)",
             (cluster, job_id, cluster, job_id, f"job-{job_id}", body["status"], body.get("stage"),
@@ -180,8 +181,8 @@ def feed():
 
 JOB_OF_CLUSTER = "SELECT id FROM jobs WHERE cluster = %s AND job_id = %s"
 PLACEHOLDER = (
-    "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, updated_at)"
-    " VALUES (%s, %s, %s, true, 'submitted', %s, %s) RETURNING id"
+    "INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, updated_at, received_at)"
+    " VALUES (%s, %s, %s, true, 'submitted', %s, %s, now()) RETURNING id"
 )
 LOG_FILE = (
     "INSERT INTO blob_files (job_pk, kind, name, name_key, size, done, updated_at)"

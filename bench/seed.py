@@ -32,6 +32,9 @@ def rows(n: int, seed: int = 7):
     """Yield (job row, [event rows]) for n jobs: most complete, some fail, some still run."""
     rng = random.Random(seed)
     event_id = 0
+    # Heard from now, on the collector's clock: the stale check leaves the seeded active
+    # jobs alone for the whole run instead of failing them in batches mid-measurement.
+    received = dt.datetime.now(dt.timezone.utc)
     for i in range(n):
         cluster = CLUSTERS[i % len(CLUSTERS)]
         submitted = BASE + dt.timedelta(seconds=60 * i)
@@ -43,7 +46,7 @@ def rows(n: int, seed: int = 7):
         status, stage, message = events[-1]
         job = (i + 1, cluster, str(1_000_000 + i), f"sweep-{i}", False, status, stage, message, "recipes/r.yaml",
                submitted, submitted + dt.timedelta(minutes=3), submitted + dt.timedelta(minutes=30),
-               submitted + dt.timedelta(minutes=30), 0 if status == "completed" else None, METADATA)
+               submitted + dt.timedelta(minutes=30), 0 if status == "completed" else None, METADATA, received)
         event_rows = []
         for k, (s, st, msg) in enumerate(events):
             event_id += 1
@@ -52,7 +55,7 @@ def rows(n: int, seed: int = 7):
 
 
 JOB_COLUMNS = ("id, cluster, job_id, job_name, is_placeholder, status, stage, message, recipe, submitted_at,"
-               " started_at, completed_at, updated_at, exit_code, metadata")
+               " started_at, completed_at, updated_at, exit_code, metadata, received_at")
 EVENT_COLUMNS = "id, job_pk, status, stage, message, created_at"
 RECOUNT = "INSERT INTO job_counts (cluster, status, jobs) SELECT cluster, status, count(*) FROM jobs GROUP BY 1, 2"
 
@@ -103,7 +106,7 @@ def seed_sqlite(url: str, n: int) -> int:
             for e in event_rows:
                 events.append((*e[:5], _sqlite_time(e[5])))
                 last = e[0]
-        conn.executemany(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({', '.join('?' * 15)})", jobs)
+        conn.executemany(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({', '.join('?' * 16)})", jobs)
         conn.executemany(f"INSERT INTO job_events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 6)})", events)
         conn.execute(RECOUNT)
     conn.execute("ANALYZE")

@@ -104,6 +104,9 @@ class Database:
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
                     raise
+                # One dead connection usually means all of them (a restart, a failover, an
+                # idle timeout): replay on a fresh pool, not on the next dead connection.
+                self.engine.dispose()
         raise AssertionError("unreachable")
 
     def dispose(self) -> None:

@@ -583,8 +583,8 @@ def test_search_total_stops_counting_at_ten_thousand(api, database):
              "submitted_at": "2025-01-01 00:00:00", "updated_at": "2025-01-01 00:00:00"} for n in range(10_001)]
     with database.engine.begin() as conn:
         conn.execute(text("INSERT INTO jobs (cluster, job_id, job_name, is_placeholder, status, submitted_at, "
-                          "updated_at) VALUES (:cluster, :job_id, :job_name, false, :status, :submitted_at, "
-                          ":updated_at)"), rows)
+                          "updated_at, received_at) VALUES (:cluster, :job_id, :job_name, false, :status, "
+                          ":submitted_at, :updated_at, :updated_at)"), rows)
     capped = api.get("/api/jobs", params={"q": "bulk", "per_page": 3}).json()
     assert (capped["total"], capped["total_exact"]) == (10_000, False)
     assert len(capped["jobs"]) == 3
