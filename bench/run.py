@@ -5,6 +5,7 @@
     python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
     python -m bench.run --only streams --backends postgres   # 500 event streams under a paced PUT load
     python -m bench.run --only ui --backends postgres        # the page in Chromium: 100k jobs, 50 events/s
+    python -m bench.run --only slowclients --backends postgres   # 2,000 slow clients, behind nginx and not
 
 Servers start fresh on loopback ephemeral ports and stop by PID; databases created for
 the run are dropped after it. Load comes from wrk (Debian package `wrk`).
@@ -34,6 +35,7 @@ from sqlalchemy.pool import NullPool
 
 from bench import blobs
 from bench import seed
+from bench import slowclients
 from bench import streams
 from bench import ui
 from collector.migrations import upgrade
@@ -171,6 +173,8 @@ LOG_CONNECTIONS = 8
 STREAM_SCENARIOS = ["streams"]
 # The web page in headless Chromium over a large database while events arrive (PostgreSQL): bench/ui.py.
 UI_SCENARIOS = ["ui"]
+# Slow clients held against the shipped nginx config, and straight against gunicorn (PostgreSQL): bench/slowclients.py.
+SLOW_SCENARIOS = ["slowclients"]
 
 
 def selected(args, scenarios: list) -> list:
@@ -386,6 +390,63 @@ def run_ui(args, rows: list[dict]) -> None:
         rows.append(ui_row(args.ui_jobs, "problems", None, None, "none", error="; ".join(result.problems[:5])))
 
 
+def run_slowclients(args, rows: list[dict]) -> None:
+    """Lifecycle PUTs (wrk, fresh connections) without and with ``--slow-clients`` slow connections held,
+    through deploy/nginx/collector.conf and, except in --quick, straight to gunicorn."""
+    reason = slowclients.missing()
+    if reason:
+        # CI installs nginx and openssl (.ci/run) and runs strict: there a missing one is a failure.
+        if os.environ.get("COLLECTOR_TEST_STRICT") == "1":
+            rows.append(slow_row(args.slow_clients, "FAILED", None, None, "-", error=reason))
+        else:
+            print(f"slowclients scenario skipped: {reason}", file=sys.stderr)
+        return
+    dbs = Databases(args.pg_url)
+    try:
+        db = dbs.create()
+        # Before gunicorn starts, so its workers inherit the raised file limit too.
+        slowclients.raise_fd_limit(4 * args.slow_clients + 4096)
+        server = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+            COLLECTOR_DATABASE_URL=db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+            COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+        try:
+            with tempfile.TemporaryDirectory(prefix="collector-slow-") as tmp:
+                # The straight-to-gunicorn contrast is left out of --quick: it is meant to collapse
+                # (non-2xx, timeouts), which a smoke that must answer 2xx cannot tell from a failure.
+                result = slowclients.measure(
+                    server.url, TOKEN, Path(tmp), slow=args.slow_clients, interval=args.slow_interval,
+                    duration=args.duration, rounds=args.rounds, direct=not args.quick, warmup=not args.quick,
+                    writes=lambda url, seconds: wrk(url, "put", token=TOKEN, close=True, duration=seconds,
+                                                    connections=16),
+                    before=lambda: truncate(db))
+        except (slowclients.SlowFailure, OSError, subprocess.SubprocessError) as exc:
+            rows.append(slow_row(args.slow_clients, "FAILED", None, None, "-", error=str(exc)))
+            return
+        finally:
+            server.stop()
+    finally:
+        dbs.drop_all()
+    for measure, value, vs, target in slowclients.report(result):
+        rows.append(slow_row(args.slow_clients, measure, value, vs, target))
+    rows[-1]["notes"] = slowclients.notes(result)
+    if result.problems:
+        rows.append(slow_row(args.slow_clients, "problems", None, None, "none", error="; ".join(result.problems[:5])))
+
+
+def slow_row(slow: int, measure: str, value: float | None, vs: float | None, target: str, *,
+             error: str | None = None) -> dict:
+    """A row of the slowclients table, as stream_row."""
+    return {"table": "slowclients", "backend": "postgres", "scenario": "slowclients", "slow": slow,
+            "measure": measure, "value": value, "vs": vs,
+            "ratio": value / vs if value is not None and vs else None, "target": target, "error": error}
+
+
+def slow_table(rows: list[dict]) -> list[str]:
+    """The slowclients scenario: one measure per row (ratio = value / vs), then its notes."""
+    notes = [note for r in rows for note in r.get("notes", [])]
+    return measure_table(rows, "slow clients", "slow") + ([""] + notes if notes else [])
+
+
 def ui_row(jobs: int, measure: str, value: float | None, vs: float | None, target: str, *,
            error: str | None = None) -> dict:
     """A row of the ui table, as stream_row."""
@@ -470,7 +531,8 @@ def table(rows: list[dict]) -> str:
     blob = [r for r in rows if r.get("table") == "blob"]
     stream = [r for r in rows if r.get("table") == "streams"]
     page = [r for r in rows if r.get("table") == "ui"]
-    rows = [r for r in rows if r.get("table") not in ("blob", "streams", "ui")]
+    slow = [r for r in rows if r.get("table") == "slowclients"]
+    rows = [r for r in rows if r.get("table") not in MEASURE_TABLES]
     lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -486,7 +548,12 @@ def table(rows: list[dict]) -> str:
         lines = []
     return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else [])
                      + ([""] + streams_table(stream) if stream else [])
-                     + ([""] + ui_table(page) if page else [])).strip("\n")
+                     + ([""] + ui_table(page) if page else [])
+                     + ([""] + slow_table(slow) if slow else [])).strip("\n")
+
+
+# Tables of (measure, value, vs, ratio, target) rows, which fail on an error rather than on a non-2xx count.
+MEASURE_TABLES = ("blob", "streams", "ui", "slowclients")
 
 
 def blob_table(rows: list[dict]) -> list[str]:
@@ -542,11 +609,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ui-jobs", type=int, default=100_000, help="seeded jobs in the ui scenario")
     parser.add_argument("--ui-rate", type=float, default=50, help="paced PUTs (events) per second in the ui scenario")
     parser.add_argument("--ui-seconds", type=float, default=20, help="how long the ui scenario's events arrive")
+    parser.add_argument("--slow-clients", type=int, default=2000,
+                        help="slow connections held in the slowclients scenario")
+    parser.add_argument("--slow-interval", type=float, default=2.0,
+                        help="seconds between two bytes of a slow client")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.sizes, args.blob_mib, args.subscribers = 1, 2, "200", 8, 20
         args.ui_jobs, args.ui_rate, args.ui_seconds = 2000, 10, 3
+        args.slow_clients = 200
     if args.blob_mib < 2:
         parser.error("--blob-mib must be at least 2")
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -563,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_streams(args, rows)
             if selected(args, UI_SCENARIOS):
                 run_ui(args, rows)
+            if selected(args, SLOW_SCENARIOS):
+                run_slowclients(args, rows)
         if "sqlite" in args.backends:
             run_sqlite(args, rows, work)
     print(table(rows))
@@ -570,15 +644,16 @@ def main(argv: list[str] | None = None) -> int:
           f"duration={args.duration}s, 16 connections ({LOG_CONNECTIONS} for logs_ingest)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    failures = [r for r in rows if r.get("table") not in ("blob", "streams", "ui") for side in ("collector", "baseline")
+    failures = [r for r in rows if r.get("table") not in MEASURE_TABLES for side in ("collector", "baseline")
                 if r[side] and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
     if args.quick and failures:
         print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends", file=sys.stderr)
         return 1
     # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote, the streams
     # scenario on a non-2xx, a stream that did not open or ended, or a missing event, the ui scenario
-    # on a page error, a failed PUT, an event the page never showed or a bounded wait that ran out.
-    broken = [r for r in rows if r.get("table") in ("blob", "streams", "ui") and r["error"]]
+    # on a page error, a failed PUT, an event the page never showed or a bounded wait that ran out,
+    # the slowclients scenario on a failed PUT through nginx or slow clients it could not hold.
+    broken = [r for r in rows if r.get("table") in MEASURE_TABLES and r["error"]]
     for r in broken:
         print(f"\n{r['scenario']} failed: {r['error']}", file=sys.stderr)
     return 1 if broken else 0

@@ -1,39 +1,94 @@
 """At most ``request_threads`` ordinary requests run at once in a process; streams are not counted.
 
 gunicorn gives every worker a thread per possible stream on top of the request threads
-(deploy/gunicorn.conf.py). Without a cap, that many requests could run together, and in
+(collector/serving.py). Without a cap, that many requests could run together, and in
 one process they only fight over the GIL: keep-alive PUT throughput fell from 0.91 to
 0.61 of the baseline with 508 threads against 8. Requests past the cap wait here, as
-they would for a free thread in a pool of that size.
+they would for a free thread in a pool of that size, but never longer than the queue
+timeout: a request that waited that long is answered 503 and never run, because its
+client (the srtctl reporter waits 5 s) has given up, and running it late would only
+delay the requests behind it.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
+import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
 
 from werkzeug.wsgi import ClosingIterator
 
+from collector.guard import request_id_for
+
 STREAM_SUFFIX = "/stream"
+log = logging.getLogger("collector")
+
+
+class _Slot:
+    """One held slot, given back exactly once, however many paths try."""
+
+    __slots__ = ("_semaphore", "_lock", "_held")
+
+    def __init__(self, semaphore: threading.BoundedSemaphore) -> None:
+        self._semaphore = semaphore
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        """Give the slot back (a second call does nothing)."""
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._semaphore.release()
 
 
 class Admission:
     """WSGI middleware: hold a slot from the call until the server closes the response."""
 
-    def __init__(self, app: Callable, limit: int) -> None:
+    def __init__(self, app: Callable, limit: int, queue_timeout_s: float = 5.0,
+                 on_shed: Callable[[], None] | None = None) -> None:
         self.app = app
         # Settings.check() refuses a limit under 1 before serving; building the app must not fail first.
         self._slots = threading.BoundedSemaphore(max(limit, 1))
+        self.queue_timeout_s = queue_timeout_s
+        self._on_shed = on_shed
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         # A stream holds its thread for minutes and has its own cap (max_streams).
         if environ.get("PATH_INFO", "").endswith(STREAM_SUFFIX):
             return self.app(environ, start_response)
-        self._slots.acquire()
+        if not self._slots.acquire(timeout=self.queue_timeout_s):
+            return self._shed(environ, start_response)
+        slot = _Slot(self._slots)
         try:
             body = self.app(environ, start_response)
         except BaseException:
-            self._slots.release()
+            slot.release()
             raise
-        return ClosingIterator(body, self._slots.release)
+        closing = ClosingIterator(body, slot.release)
+        # The server closes the response, but a server that fails before it does (werkzeug's
+        # development server, when a client resets the connection) would leak the slot for
+        # good; once nothing refers to the response any more, the slot comes back anyway.
+        weakref.finalize(closing, slot.release)
+        return closing
+
+    def _shed(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if self._on_shed is not None:
+            self._on_shed()
+        detail = (f"the server is busy: this request waited more than {self.queue_timeout_s:g} s for a free "
+                  "request slot and was not run; try again")
+        request_id = request_id_for(environ.get("HTTP_X_REQUEST_ID"))
+        log.warning("shed %s %s after %g s in the queue [request_id=%s]", environ.get("REQUEST_METHOD"),
+                    environ.get("PATH_INFO"), self.queue_timeout_s, request_id)
+        body = json.dumps({"detail": detail, "request_id": request_id}).encode()
+        start_response("503 Service Unavailable", [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            ("Retry-After", "1"),
+            ("X-Request-ID", request_id),
+        ])
+        return [body]

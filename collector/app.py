@@ -47,7 +47,8 @@ def create_app(settings: Settings | None = None) -> Flask:
                       streams.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
-    app.wsgi_app = Admission(app.wsgi_app, settings.request_threads)
+    app.wsgi_app = Admission(app.wsgi_app, settings.request_threads, settings.queue_timeout_s,
+                              on_shed=metrics.request_shed)
     logger = logging.getLogger("collector")
     if logger.level == logging.NOTSET:
         # INFO by default (one line per transition); a logging config that set a level wins.

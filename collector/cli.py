@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import sys
-import time
 
 import click
 
@@ -35,15 +32,19 @@ def main() -> None:
               help="Also probe Slurm cluster NAME from this host (sinfo/squeue), as `collector probe` would.")
 @click.option("--probe-interval", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds between probes of --probe-cluster.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="gunicorn worker processes (default: 1 on SQLite, 2 x CPUs on PostgreSQL).")
 def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors_origins, probe_cluster,
-          probe_interval) -> None:
-    """Serve the collector (threads, for one user; use gunicorn for a shared deployment)."""
-    from werkzeug.serving import make_server
+          probe_interval, workers) -> None:
+    """Serve the collector with gunicorn, as deployments do (one worker on SQLite by default)."""
+    from collector import serving
 
+    # Before collector.app imports prometheus_client: workers share their metrics through files.
+    serving.use_metrics_dir()
+    from collector import log_format
     from collector.app import create_app
     from collector.app import prepare_to_serve
-
-    from collector import log_format
+    from collector.db import get_db_of
 
     try:
         settings = Settings.from_env(
@@ -54,70 +55,45 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
             read_token_env=read_token_env,
             allow_unauthenticated=allow_unauthenticated,
             cors_origins=cors_origins or None,
+            workers=workers,
         )
-        # Before the app exists, so its first line is in the chosen format too; an unknown
-        # format logs as text until check() refuses it just below.
+        # Before gunicorn configures logging, so a refusal below is in the chosen format
+        # too; an unknown format logs as text until check() refuses it.
         log_format.configure(settings.log_format)
+        # Checked and migrated once, here; the workers build their own apps after the fork.
         app = create_app(settings)
         prepare_to_serve(app)
+        get_db_of(app).dispose()
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    server = make_server(settings.host, settings.port, app, threaded=True, request_handler=_quiet_handler())
-    # SIGTERM (systemd, tests) shuts down like Ctrl-C instead of dying mid-request.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    auth = "token required" if settings.write_token else "no token (open)"
-    log.info("collector listening on http://%s:%d (%s, %s)", settings.host, server.server_port,
-             _redacted(settings.database_url), auth)
-    sys.stdout.flush()
-    probe = _start_probe(probe_cluster, probe_interval, server.server_port, settings) if probe_cluster else None
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if probe is not None:
+    probes = []
+
+    def ready(server) -> None:
+        port = serving.listening_port(server)
+        auth = "token required" if settings.write_token else "no token (open)"
+        log.info("collector listening on http://%s:%d (%s, %s)", settings.host, port,
+                 _redacted(settings.database_url), auth)
+        if probe_cluster:
+            # In the master, so one probe runs however many workers serve.
+            probes.append(_start_probe(probe_cluster, probe_interval, port, settings))
+
+    def stopped() -> None:
+        for probe in probes:
             probe.stop()
-        _end_streams(app)
-        server.server_close()
         log.info("collector stopped")
+
+    serving.CollectorServer(settings, when_ready=ready, on_stop=stopped).run()
 
 
 def _start_probe(cluster: str, interval: float, port: int, settings: Settings):
     from collector.probe import start_in_process
 
-    # The probe talks to this very process, with its write token: over loopback when the
+    # The probe talks to this very server, with its write token: over loopback when the
     # server listens on every address, else on the one address it listens on.
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     log.info("probing Slurm cluster %s every %g s", cluster, interval)
     return start_in_process(cluster, url, settings.write_token, interval_s=interval)
-
-
-def _end_streams(app, grace: float = 5.0) -> None:
-    """Tell open streams the server is stopping and give them ``grace`` seconds to say so.
-
-    Werkzeug's request threads are daemons: without this wait the process would exit
-    mid-frame and clients would see a cut connection instead of the shutdown comment.
-    """
-    from collector.fanout import get_hub
-
-    hub = get_hub(app)
-    hub.close()
-    deadline = time.monotonic() + grace
-    while hub.open_streams and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _quiet_handler():
-    from werkzeug.serving import WSGIRequestHandler
-
-    class QuietHandler(WSGIRequestHandler):
-        """Werkzeug's handler minus its access line: collector.access logs each request."""
-
-        def log_request(self, code="-", size="-") -> None:
-            pass
-
-    return QuietHandler
 
 
 def _redacted(url: str) -> str:

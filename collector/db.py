@@ -15,9 +15,11 @@ from sqlalchemy import Engine
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import make_url
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError
 
 from collector.settings import Settings
+from collector.store import pg_driver
 
 # Execution option that makes a SQLite transaction take the write lock up front.
 WRITE_OPTION = "collector_write"
@@ -39,7 +41,7 @@ def make_engine(settings: Settings) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
         _tune_sqlite(engine)
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=settings.pool_size,
         max_overflow=settings.pool_max_overflow,
@@ -50,6 +52,16 @@ def make_engine(settings: Settings) -> Engine:
         # Fail a readiness probe in seconds, not after the kernel's TCP timeout.
         connect_args={"connect_timeout": 5},
     )
+    event.listen(engine, "handle_error", _mark_dead_connections)
+    return engine
+
+
+def _mark_dead_connections(context: ExceptionContext) -> None:
+    # SQLAlchemy's psycopg dialect calls a connection dead only once psycopg says it is
+    # closed or broken, which a terminated backend often is not yet: the error is then
+    # raised as a plain one, the connection goes back to the pool and no replay happens.
+    if not context.is_disconnect and pg_driver.kills_connection(context.original_exception):
+        context.is_disconnect = True
 
 
 def _tune_sqlite(engine: Engine) -> None:
@@ -89,8 +101,10 @@ class Database:
     def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``work`` in one transaction and commit it; replay once if the connection had died.
 
-        Replaying is safe because every write is idempotent (a repeated PUT or POST
-        changes nothing the first one did not) and a dead connection commits nothing.
+        "Died" covers every statement of the transaction, the pipelined ones of
+        store/pg_driver.py and the COMMIT included. A connection that died at COMMIT may
+        have committed; replaying is still safe because every write is idempotent (the
+        same request again changes nothing the first one did not; tests/test_db.py).
         Core connections, not ORM sessions: store functions work on rows, and a session
         per request was a measurable share of the write path (see docs/performance.md).
         """

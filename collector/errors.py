@@ -14,6 +14,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("collector")
+# Seconds a client should wait after a 503 that names no other delay.
+RETRY_AFTER_S = "1"
 
 
 class APIError(Exception):
@@ -87,7 +89,15 @@ def init_app(app: Flask) -> None:
         # Unreachable, restarting or overloaded database: the client should retry, and
         # the reporter's fire-and-forget retry treats 503 like a network error.
         log.warning("database unavailable [request_id=%s]: %s", g.get("request_id"), str(exc).splitlines()[0])
-        return error_response(503, "database unavailable; try again", {"Retry-After": "1"})
+        return error_response(503, "database unavailable; try again", {"Retry-After": RETRY_AFTER_S})
+
+    @app.after_request
+    def retry_after_every_503(response: Response) -> Response:
+        # A 503 means "come back later": say when, whichever path produced it (a route
+        # or handler added later included), so clients back off instead of hammering.
+        if response.status_code == 503 and "Retry-After" not in response.headers:
+            response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
 
     @app.errorhandler(Exception)
     def on_unexpected(exc: Exception):

@@ -29,10 +29,13 @@ access_log = logging.getLogger("collector.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+def request_id_for(incoming: str | None) -> str:
+    """A proxy's X-Request-ID when it is well formed (one request followed across hops), else a new id."""
+    return incoming if incoming and _REQUEST_ID.match(incoming) else os.urandom(16).hex()
+
+
 def _request_id() -> str:
-    # Keep a proxy's id so one request can be followed across hops; otherwise mint one.
-    incoming = request.headers.get("X-Request-ID", "")
-    return incoming if _REQUEST_ID.match(incoming) else os.urandom(16).hex()
+    return request_id_for(request.headers.get("X-Request-ID"))
 
 
 def _bearer() -> str | None:

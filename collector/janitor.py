@@ -1,4 +1,9 @@
-"""The per-process janitor: marks stale jobs failed every few seconds (collector/store/stale.py)."""
+"""The janitor: marks stale jobs failed every few seconds (collector/store/stale.py), in one process at a time.
+
+Every serving process runs a janitor thread, but only the one holding the sweeper lock
+(collector/sweeper.py) sweeps; the others try to take the lock each interval, so when
+the sweeper dies another one takes over within one interval.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +11,39 @@ import datetime as dt
 import logging
 import os
 import threading
+import time
 
 from flask import Flask
 
 from collector import fanout
 from collector import metrics
+from collector import sweeper
 from collector.db import Database
 from collector.settings import Settings
 from collector.store import stale
 
 log = logging.getLogger("collector.stale")
+# How often a waiting janitor looks whether the server is shutting down, so it gives the
+# sweeper role up within this long (the interval may be a minute).
+_TICK = 0.1
 
 
 class Janitor:
-    """Runs the stale-job sweep in the process that serves, until the server shuts down."""
+    """Runs the stale-job sweep in the process that serves while it is the sweeper, until the server shuts down."""
 
     def __init__(self, database: Database, settings: Settings, hub: fanout.Hub) -> None:
         self.database = database
         self.settings = settings
         self.hub = hub
+        self.leadership = sweeper.leadership(database)
+        self.leading = False
         self._pid: int | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # lead() runs in the janitor thread; resign() also at shutdown, from another one.
+        self._role_lock = threading.Lock()
 
     def ensure_running(self) -> None:
-        """Start the sweeping thread in this process if it is not running (cheap; every request calls it)."""
+        """Start the janitor thread in this process if it is not running (cheap; every request calls it)."""
         if self._pid == os.getpid():
             return
         with self._lock:
@@ -40,16 +53,69 @@ class Janitor:
                 threading.Thread(target=self._run, name="collector-janitor", daemon=True).start()
 
     def _run(self) -> None:
-        while not self.hub.closed:
-            try:
-                self.sweep()
-            except Exception:  # noqa: BLE001 - the next sweep retries; a database outage must not end the thread
-                log.warning("stale-job sweep failed; retrying in %g s", self.settings.stale_check_s, exc_info=True)
-            self._wake.wait(self.settings.stale_check_s)
-            self._wake.clear()
+        try:
+            while not self.hub.closed:
+                if self.lead():
+                    self._sweep_logged()
+                self._pause()
+        finally:
+            self.resign("the server is shutting down")
+
+    def _sweep_logged(self) -> None:
+        try:
+            self.sweep()
+        except Exception:  # noqa: BLE001 - the next sweep retries; a database outage must not end the thread
+            log.warning("stale-job sweep failed; retrying in %g s", self.settings.stale_check_s, exc_info=True)
+
+    def _pause(self) -> None:
+        # In ticks: the role must be given up soon after shutdown starts, not an interval later.
+        deadline = time.monotonic() + self.settings.stale_check_s
+        while not self.hub.closed and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, _TICK))
+
+    def lead(self) -> bool:
+        """Keep the sweeper role, or take it if no process holds it; whether this janitor leads now."""
+        with self._role_lock:
+            return self._lead()
+
+    def _lead(self) -> bool:
+        held = self._hold()
+        if self.leading and not held:
+            # Its connection died (a database restart, a terminated backend): another
+            # process may lead already, or the lock may be free again.
+            self._stepped_down("its lock was lost")
+            held = self._hold()
+        if held and not self.leading:
+            self.leading = True
+            metrics.sweeper_leader(True)
+            log.info("this process (pid %d) is now the stale-job sweeper", os.getpid())
+        return held
+
+    def _hold(self) -> bool:
+        try:
+            return self.leadership.hold()
+        except Exception:  # noqa: BLE001 - never end the thread; the next interval tries again
+            log.warning("cannot take the stale-job sweeper lock", exc_info=True)
+            return False
+
+    def resign(self, reason: str) -> None:
+        """Give the sweeper role up so another process takes it at its next try."""
+        with self._role_lock:
+            if self.leading:
+                # The gauge first: the next holder's 1 must not be overwritten by this 0.
+                self._stepped_down(reason)
+            self.leadership.release()
+
+    def _stepped_down(self, reason: str) -> None:
+        self.leading = False
+        metrics.sweeper_leader(False)
+        log.info("this process (pid %d) is no longer the stale-job sweeper: %s", os.getpid(), reason)
 
     def sweep(self, now: dt.datetime | None = None) -> int:
         """Mark every job stale at ``now`` failed; returns how many were marked."""
+        # Not only the sweeper calls this: a cluster's probe report sweeps at once in the
+        # process that took it (collector/api/clusters.py), and tests call it directly.
+        # That is safe, as stale.mark re-checks each job under its write lock.
         now = now or dt.datetime.now(dt.timezone.utc)
         settings = self.settings
         found = self.database.run(lambda conn: stale.candidates(

@@ -80,7 +80,17 @@ STALE_MARKED = Counter(
 )
 for _rule in ("left_queue", "silent"):
     STALE_MARKED.labels(rule=_rule)
+SHED = Counter(
+    "collector_requests_shed",
+    "Requests answered 503 without running: they waited longer than COLLECTOR_QUEUE_TIMEOUT for a slot.",
+)
 OPEN_STREAMS = Gauge("collector_open_streams", "Event streams open now.", multiprocess_mode="livesum")
+# livesum: a host's scrape says whether one of its live workers sweeps (a dead one's file
+# is dropped at child_exit); summed over every host it is 1 while the deployment has a sweeper.
+SWEEPER_LEADER = Gauge(
+    "collector_stale_sweeper_leader", "1 if a process of this server is the deployment's stale-job sweeper, else 0.",
+    multiprocess_mode="livesum",
+)
 POOL_CONNECTIONS = Gauge(
     "collector_db_pool_connections", "Database connections of the pools, checked out by a request or idle.",
     ["state"], multiprocess_mode="livesum",
@@ -181,6 +191,20 @@ def event_appended() -> None:
 def stale_marked(rule: str) -> None:
     """Count a job the janitor marked failed."""
     STALE_MARKED.labels(rule=rule).inc()
+
+
+def sweeper_leader(leading: bool) -> None:
+    """Count this process in or out as the stale-job sweeper."""
+    # inc/dec, not set: several apps in one process (tests) each count their own janitor.
+    if leading:
+        SWEEPER_LEADER.inc()
+    else:
+        SWEEPER_LEADER.dec()
+
+
+def request_shed() -> None:
+    """Count a request shed after its queue timeout."""
+    SHED.inc()
 
 
 def stream_opened() -> None:

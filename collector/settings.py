@@ -18,6 +18,7 @@ MAX_BODY_BYTES = 1024 * 1024
 LOG_FORMATS = ("text", "json")
 # Who may scrape /metrics: anyone (like /api/health), or a client with either token.
 METRICS_AUTH = ("open", "token")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class SettingsError(ValueError):
@@ -71,6 +72,13 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _level(environ: Mapping[str, str], name: str) -> str | None:
+    raw = (environ.get(name) or "").strip().lower()
+    if raw and raw not in LOG_LEVELS:
+        raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+    return raw or None
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the collector is configured with; built once, never mutated."""
@@ -114,6 +122,22 @@ class Settings:
     stale_grace_s: float = 120.0
     stale_silence_s: float = 86_400.0
     stale_check_s: float = 60.0
+    # A request that waited this long for a slot is answered 503 and never run: the
+    # srtctl reporter gives up after 5 s, so past that nobody is listening for the answer.
+    queue_timeout_s: float = 5.0
+    # gunicorn (collector/serving.py), under `collector serve` and deploy/gunicorn.conf.py
+    # alike. None: one worker on SQLite (it has one writer), 2 x CPUs on PostgreSQL.
+    workers: int | None = None
+    keepalive_s: int = 5
+    worker_timeout_s: int = 60
+    graceful_timeout_s: int = 30
+    max_requests: int = 20_000
+    # Levels of the collector's loggers, its per-request line, and gunicorn's own lines
+    # (None: "info" under deploy/gunicorn.conf.py, "warning" under `collector serve`,
+    # whose startup line is its own).
+    log_level: str = "info"
+    access_log_level: str = "info"
+    server_log_level: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -146,6 +170,15 @@ class Settings:
             stale_grace_s=_float(env, "COLLECTOR_STALE_GRACE", 120.0),
             stale_silence_s=_float(env, "COLLECTOR_STALE_SILENCE", 86_400.0),
             stale_check_s=_float(env, "COLLECTOR_STALE_CHECK_INTERVAL", 60.0),
+            queue_timeout_s=_float(env, "COLLECTOR_QUEUE_TIMEOUT", 5.0),
+            workers=_int(env, "COLLECTOR_WORKERS", 0) or None,
+            keepalive_s=_int(env, "COLLECTOR_KEEPALIVE", 5),
+            worker_timeout_s=_int(env, "COLLECTOR_WORKER_TIMEOUT", 60),
+            graceful_timeout_s=_int(env, "COLLECTOR_GRACEFUL_TIMEOUT", 30),
+            max_requests=_int(env, "COLLECTOR_MAX_REQUESTS", 20_000),
+            log_level=_level(env, "COLLECTOR_LOG_LEVEL") or "info",
+            access_log_level=_level(env, "COLLECTOR_ACCESS_LOG_LEVEL") or "info",
+            server_log_level=_level(env, "GUNICORN_LOG_LEVEL"),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "database_url" in overrides and overrides["database_url"] is not None:
@@ -157,6 +190,13 @@ class Settings:
     def is_sqlite(self) -> bool:
         """Whether the configured database is a SQLite file."""
         return self.database_url.startswith("sqlite")
+
+    @property
+    def worker_count(self) -> int:
+        """gunicorn workers: as configured, else one on SQLite and two per CPU on PostgreSQL."""
+        if self.workers:
+            return self.workers
+        return 1 if self.is_sqlite else 2 * (os.cpu_count() or 1)
 
     @property
     def migrates_on_start(self) -> bool:
@@ -187,6 +227,10 @@ class Settings:
             raise SettingsError("stale_silence_s (COLLECTOR_STALE_SILENCE) must be zero (off) or more seconds")
         if self.request_threads < 1:
             raise SettingsError("request_threads (COLLECTOR_THREADS) must be at least 1")
+        if not self.queue_timeout_s > 0:
+            raise SettingsError("queue_timeout_s (COLLECTOR_QUEUE_TIMEOUT) must be a positive number of seconds")
+        if self.workers is not None and self.workers < 1:
+            raise SettingsError("workers (COLLECTOR_WORKERS, --workers) must be at least 1")
         if self.max_streams < 0:
             raise SettingsError("max_streams must be zero (streams off) or more")
         if self.log_format not in LOG_FORMATS:

@@ -76,8 +76,25 @@ def test_feed_filters(seeded):
     assert feed(seeded, job_id="nope") == {"events": [], "next_cursor": None}
 
 
-def test_limit_is_clamped_to_1000(seeded):
-    assert len(feed(seeded, limit=5000)["events"]) == 6
+def test_limit_up_to_the_spec_maximum(seeded):
+    assert keys(feed(seeded, limit=1000)) == keys(feed(seeded))
+    body = seeded.get("/api/jobs/2/events", params={"limit": 1000}).json()
+    assert [e["status"] for e in body["events"]] == ["submitted", "workers"]
+
+
+@pytest.mark.parametrize(
+    "path, params",
+    [("/api/events", {"limit": "1001"}), ("/api/events", {"limit": "5000"}), ("/api/events", {"limit": "0"}),
+     ("/api/jobs/2/events", {"limit": "1001"}), ("/api/jobs/2/events", {"limit": "0"})],
+)
+def test_limit_beyond_the_spec_maxima_is_422_not_clamped(seeded, path, params):
+    response = seeded.get(path, params=params)
+    assert response.status_code == 422
+    body = response.json()
+    message = ("Input should be less than or equal to 1000" if int(params["limit"])
+               else "Input should be greater than or equal to 1")
+    assert body["detail"] == f"invalid query: limit: {message}"
+    assert [(e["loc"], e["msg"]) for e in body["errors"]] == [(["query", "limit"], message)]
 
 
 def test_job_feed_needs_cluster_when_ambiguous(seeded):

@@ -190,7 +190,98 @@ def test_updated_at_never_moves_back(api):
     put(api, "8", "workers", updated_at="2025-01-26T11:00:00Z")
     put(api, "8", "frontend", updated_at="2025-01-26T10:00:00Z")
     job = detail(api, "8")
-    assert job["status"] == "frontend" and job["updated_at"] == "2025-01-26T11:00:00Z"
+    assert (job["status"], job["updated_at"]) == ("workers", "2025-01-26T11:00:00Z")
+    assert timeline(job) == [("workers", None, None)]
+
+
+# ---------------------------------------------------------------- late PUTs (never backwards)
+
+
+def feed_ids(api):
+    body = api.get("/api/events", params={"limit": 1000}).json()
+    return [e["id"] for e in body["events"]]
+
+
+def test_a_late_put_never_moves_a_finished_job_back(api, database):
+    # The measured bug: a PUT queued behind an overload runs after the job's completed.
+    api.post("/api/jobs", json=SUBMIT)
+    put(api, "12345", "benchmark", stage="benchmark", message="Running benchmark", updated_at="2025-01-26T10:40:00Z")
+    put(api, "12345", "completed", stage="cleanup", message="Benchmark completed successfully", exit_code=0,
+        updated_at="2025-01-26T11:02:00Z")
+    finished, events = detail(api, "12345"), feed_ids(api)
+    late = put(api, "12345", "benchmark", stage="benchmark", message="Running benchmark",
+               updated_at="2025-01-26T11:01:59Z")
+    assert late.status_code == 200
+    assert late.json() == {"job_id": "12345", "status": "completed", "cluster": "gpu-cluster-01"}
+    job = detail(api, "12345")
+    assert job == finished
+    assert (job["status"], job["stage"], job["message"], job["updated_at"]) == (
+        "completed", "cleanup", "Benchmark completed successfully", "2025-01-26T11:02:00Z")
+    assert timeline(job) == [("submitted", None, None), ("benchmark", "benchmark", "Running benchmark"),
+                             ("completed", "cleanup", "Benchmark completed successfully")]
+    assert feed_ids(api) == events
+    totals = {s: api.get("/api/jobs", params={"status": s}).json()["total"] for s in ("benchmark", "completed")}
+    assert totals == {"benchmark": 0, "completed": 1}
+    database.assert_counts_match_jobs()
+    # A late POST does not rewind it either.
+    assert api.post("/api/jobs", json=SUBMIT).json()["status"] == "completed"
+    assert detail(api, "12345") == finished
+
+
+def test_a_late_put_fills_only_what_is_still_unknown(api, database):
+    put(api, "9", "completed", stage="cleanup", message="Benchmark completed successfully", exit_code=0,
+        completed_at="2025-01-26T11:02:00Z", updated_at="2025-01-26T11:02:00Z",
+        artifacts={"a": 1, "gap": None}, metadata={"cluster": "c", "k": "new", "m": {"p": 1}})
+    late = put(api, "9", "benchmark", stage="cleanup", message="Artifacts uploaded", exit_code=1,
+               started_at="2025-01-26T10:33:00Z", completed_at="2025-01-26T11:00:00Z", logs_url="s3://b/9/",
+               benchmark_results={"tput": 7}, artifacts={"a": 2, "gap": "g", "b": 3},
+               metadata={"cluster": "c", "k": "old", "head_node": "n1", "m": {"p": 2, "q": 3}},
+               updated_at="2025-01-26T11:00:00Z")
+    assert late.json() == {"job_id": "9", "status": "completed", "cluster": "c"}
+    job = detail(api, "9")
+    assert (job["status"], job["stage"], job["message"], job["updated_at"]) == (
+        "completed", "cleanup", "Benchmark completed successfully", "2025-01-26T11:02:00Z")
+    assert (job["exit_code"], job["completed_at"], job["started_at"], job["logs_url"], job["benchmark_results"]) == (
+        0, "2025-01-26T11:02:00Z", "2025-01-26T10:33:00Z", "s3://b/9/", {"tput": 7})
+    assert job["artifacts"] == {"a": 1, "gap": "g", "b": 3}
+    assert job["metadata"] == {"cluster": "c", "k": "new", "head_node": "n1", "m": {"p": 1, "q": 3}}
+    assert timeline(job) == [("completed", "cleanup", "Benchmark completed successfully")]
+    # Once known, results are replaced only by a PUT that is not late.
+    put(api, "9", "completed", benchmark_results={"tput": 1}, updated_at="2025-01-26T11:01:00Z")
+    assert detail(api, "9")["benchmark_results"] == {"tput": 7}
+    put(api, "9", "completed", benchmark_results={"tput": 8}, updated_at="2025-01-26T11:02:00Z")
+    assert detail(api, "9")["benchmark_results"] == {"tput": 8}
+    database.assert_counts_match_jobs()
+
+
+def test_equal_stamps_apply_in_arrival_order(api, database):
+    put(api, "10", "completed", stage="cleanup", message="done", updated_at="2025-01-26T11:02:00Z")
+    answer = put(api, "10", "failed", stage="cleanup", message="Job failed with exit code 3", exit_code=3,
+                 updated_at="2025-01-26T11:02:00Z")
+    assert answer.json()["status"] == "failed"
+    job = detail(api, "10")
+    assert timeline(job) == [("completed", "cleanup", "done"), ("failed", "cleanup", "Job failed with exit code 3")]
+    assert (job["exit_code"], job["updated_at"]) == (3, "2025-01-26T11:02:00Z")
+    database.assert_counts_match_jobs()
+
+
+def test_the_first_put_is_never_late_against_a_submit_or_an_upload(api, database):
+    # The submitting host's clock may be ahead of the head node's: a POST's submitted_at
+    # (or the collector's clock on a row a log upload created) is not a report to be behind.
+    api.post("/api/jobs", json=SUBMIT)
+    put(api, "12345", "starting", stage="starting", message="Job started on n1", updated_at="2025-01-26T10:29:00Z")
+    put(api, "12345", "workers", stage="workers", message="Starting workers", updated_at="2025-01-26T10:29:30Z")
+    job = detail(api, "12345")
+    assert (job["status"], job["updated_at"]) == ("workers", "2025-01-26T10:29:30Z")
+    assert timeline(job)[1:] == [("starting", "starting", "Job started on n1"),
+                                 ("workers", "workers", "Starting workers")]
+    assert api.post("/api/jobs/77/logs", params={"file": "a.out", "offset": 0}, data=b"x\n").status_code == 200
+    assert detail(api, "77")["status"] == "submitted"
+    put(api, "77", "starting", stage="starting", message="Job started on n2", updated_at="2025-01-26T10:00:00Z")
+    job = detail(api, "77")
+    assert (job["status"], job["updated_at"]) == ("starting", "2025-01-26T10:00:00Z")
+    assert timeline(job) == [("submitted", None, None), ("starting", "starting", "Job started on n2")]
+    database.assert_counts_match_jobs()
 
 
 # ---------------------------------------------------------------- multi-cluster identity
@@ -292,9 +383,28 @@ def test_list_newest_first_with_pages_and_filters(api):
     assert beyond["jobs"] == [] and beyond["total"] == 5
 
 
-def test_list_per_page_is_clamped_to_100(api):
-    body = api.get("/api/jobs", params={"per_page": 1000}).json()
-    assert body["per_page"] == 100
+def test_list_per_page_up_to_the_spec_maximum(api):
+    seed_list(api)
+    body = api.get("/api/jobs", params={"per_page": 100}).json()
+    assert (len(body["jobs"]), body["total"], body["page"], body["per_page"]) == (5, 5, 1, 100)
+
+
+@pytest.mark.parametrize(
+    "params, field, message",
+    [
+        ({"per_page": "101"}, "per_page", "Input should be less than or equal to 100"),
+        ({"per_page": "1000"}, "per_page", "Input should be less than or equal to 100"),
+        ({"per_page": "0"}, "per_page", "Input should be greater than or equal to 1"),
+        ({"page": "0"}, "page", "Input should be greater than or equal to 1"),
+        ({"page": "10000001"}, "page", "Input should be less than or equal to 10000000"),
+    ],
+)
+def test_list_beyond_the_spec_maxima_is_422_not_clamped(api, params, field, message):
+    response = api.get("/api/jobs", params=params)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["detail"] == f"invalid query: {field}: {message}"
+    assert body["errors"] == [{"loc": ["query", field], "msg": message, "type": body["errors"][0]["type"]}]
 
 
 @pytest.mark.parametrize(

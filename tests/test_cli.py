@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
@@ -177,3 +178,32 @@ def test_serve_probe_cluster_reports_the_cluster_it_runs_on(tmp_path):
         server.stop()
     assert "probing Slurm cluster login every 1 s" in server.output
     assert "w-token" not in server.output
+
+
+def test_serve_is_gunicorn_with_the_workers_asked_for(tmp_path):
+    server = ServerProcess(collector_command("serve", "--port", "0", "--db", str(tmp_path / "w.db"), "--workers", "2"),
+                           child_env())
+    try:
+        import requests
+
+        response = requests.get(server.url + "/api/health", timeout=5)
+        # The production server, never werkzeug's development server.
+        assert (response.status_code, response.headers["Server"]) == (200, "gunicorn")
+        # The longest file name the API takes, percent-encoded past gunicorn's default 4094-byte request line.
+        name = ("run dir %/" * 410)[:4092] + ".out"
+        upload = requests.post(server.url + "/api/jobs/long-name/logs", params={"file": name, "offset": 0},
+                               data=b"hello\n", timeout=5)
+        assert upload.status_code == 200, upload.text
+        assert len(upload.request.url) > 4094
+        workers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == server.proc.pid]
+        assert len(workers) == 2
+    finally:
+        assert server.stop() == 0
+    assert server.output.count("collector listening on") == 1 and "collector stopped" in server.output
+
+
+def _parent(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None  # gone meanwhile

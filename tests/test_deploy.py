@@ -73,6 +73,7 @@ def test_log_level_variable_reaches_collector_logs(database):
 
 
 def test_prune_timer_runs_the_prune_unit_with_the_collector_environment(database):
+    database.clean()  # the session database: an earlier module may have left finished jobs
     service = (ROOT / "deploy" / "collector-prune.service").read_text()
     timer = (ROOT / "deploy" / "collector-prune.timer").read_text()
     assert "EnvironmentFile=/etc/collector/collector.env" in service

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -133,3 +134,29 @@ def test_out_of_range_stream_variable_refuses_to_start(tmp_path, name, value, me
 
 def test_zero_max_streams_is_allowed(tmp_path):
     serve_check(tmp_path, max_streams=0)  # streams off: every stream request answers 503
+
+
+def test_serving_variables_are_read_once_for_serve_and_gunicorn():
+    env = {"COLLECTOR_QUEUE_TIMEOUT": "2.5", "COLLECTOR_WORKERS": "3", "COLLECTOR_KEEPALIVE": "7",
+           "COLLECTOR_WORKER_TIMEOUT": "90", "COLLECTOR_GRACEFUL_TIMEOUT": "10", "COLLECTOR_MAX_REQUESTS": "100",
+           "COLLECTOR_LOG_LEVEL": "WARNING", "COLLECTOR_ACCESS_LOG_LEVEL": "error", "GUNICORN_LOG_LEVEL": "debug"}
+    settings = Settings.from_env(env)
+    assert (settings.queue_timeout_s, settings.worker_count, settings.keepalive_s, settings.worker_timeout_s,
+            settings.graceful_timeout_s, settings.max_requests) == (2.5, 3, 7, 90, 10, 100)
+    assert (settings.log_level, settings.access_log_level, settings.server_log_level) == ("warning", "error", "debug")
+
+
+def test_workers_default_to_one_on_sqlite_and_two_per_cpu_on_postgresql():
+    assert Settings.from_env({}).worker_count == 1
+    assert Settings.from_env({"COLLECTOR_DATABASE_URL": "postgresql://u@h/db"}).worker_count == 2 * os.cpu_count()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"COLLECTOR_QUEUE_TIMEOUT": "0"}, "COLLECTOR_QUEUE_TIMEOUT"),
+    ({"COLLECTOR_QUEUE_TIMEOUT": "soon"}, "COLLECTOR_QUEUE_TIMEOUT must be a number"),
+    ({"COLLECTOR_WORKERS": "-1"}, "COLLECTOR_WORKERS"),
+    ({"COLLECTOR_LOG_LEVEL": "loud"}, "COLLECTOR_LOG_LEVEL must be one of debug, info, warning, error, critical"),
+])
+def test_serving_variables_are_checked(env, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env).check()

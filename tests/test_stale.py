@@ -175,3 +175,41 @@ def test_a_report_between_reading_and_marking_wins(serve, database):
     with database.engine.begin() as conn:
         assert stale.mark(conn, candidate, later) is None
     assert detail(api, "13")["status"] == "workers"
+
+
+def test_a_mark_keeps_the_last_report_s_stamp_so_newer_reports_win_and_older_ones_do_not(serve, database):
+    api = serve(**tokens(), stale_silence_s=0)  # marked by hand below, not by its janitor
+    submit(api, "16")
+    put(api, "16", "benchmark", stage="benchmark", message="Running benchmark", metadata={"cluster": "c1"},
+        updated_at="2026-12-03T08:10:00Z")
+    later = now() + dt.timedelta(seconds=2)
+    with database.engine.connect() as conn:
+        (candidate,) = stale.candidates(conn, later, grace_s=120, silence_s=1.0)
+    with database.engine.begin() as conn:
+        assert stale.mark(conn, candidate, later).event is not None
+    marked = detail(api, "16")
+    assert (marked["status"], marked["stage"], marked["message"]) == ("failed", "benchmark", candidate.message)
+    # The watermark stays the reporter's stamp; only the mark's event carries our clock.
+    assert marked["updated_at"] == "2026-12-03T08:10:00Z"
+    assert utc(marked["events"][-1]["created_at"]) == later
+    # Older than the last real report: late, even though the mark came after it.
+    late = put(api, "16", "frontend", stage="frontend", message="Inference endpoint ready",
+               metadata={"cluster": "c1"}, updated_at="2026-12-03T08:09:59Z")
+    assert (late.status_code, late.json()) == (200, {"job_id": "16", "status": "failed", "cluster": "c1"})
+    assert detail(api, "16") == marked
+    assert listing(api)[0]["statuses"] == {"failed": 1}
+    database.assert_counts_match_jobs()
+    # Not older than the last real report: it wins, though stamped hours before the mark on our clock.
+    won = put(api, "16", "completed", stage="cleanup", message="Benchmark completed successfully", exit_code=0,
+              metadata={"cluster": "c1"}, updated_at="2026-12-03T08:10:00Z")
+    assert won.json() == {"job_id": "16", "status": "completed", "cluster": "c1"}
+    job = detail(api, "16")
+    assert [(e["status"], e["stage"], e["message"]) for e in job["events"]] == [
+        ("submitted", None, None),
+        ("benchmark", "benchmark", "Running benchmark"),
+        ("failed", "benchmark", candidate.message),
+        ("completed", "cleanup", "Benchmark completed successfully"),
+    ]
+    assert (job["exit_code"], job["updated_at"]) == (0, "2026-12-03T08:10:00Z")
+    assert listing(api)[0]["statuses"] == {"completed": 1}
+    database.assert_counts_match_jobs()

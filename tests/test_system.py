@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
@@ -19,6 +20,7 @@ def test_ready_is_503_when_the_schema_is_missing(serve, new_database):
     server = serve(database_url=new_database())
     response = server.get("/api/ready")
     assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
     assert response.json() == {
         "status": "unavailable",
         "database": f"schema not migrated, code needs {head_revision()}: run `collector db upgrade`",
@@ -62,6 +64,7 @@ def test_ready_is_503_when_the_database_is_unreachable(serve, tmp_path):
     server = serve(database_url=url)
     response = server.get("/api/ready")
     assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
     body = response.json()
     assert body == {"status": "unavailable", "database": "unreachable (OperationalError); see the server log",
                     "revision": None}
@@ -76,6 +79,31 @@ def test_database_errors_on_api_routes_are_503_not_500(serve):
     response = server.get("/api/jobs")
     assert response.status_code == 503
     assert response.json()["detail"] == "database unavailable; try again"
+    assert response.headers["Retry-After"] == "1"
+
+
+@pytest.mark.parametrize("path", ["/api/events/stream", "/api/jobs/1/events/stream", "/api/clusters/stream"])
+def test_a_stream_refused_for_want_of_a_slot_says_when_to_retry(serve, path):
+    server = serve(write_token="w", max_streams=0)
+    assert server.put("/api/jobs/1", json={"status": "workers", "updated_at": "2025-01-26T10:35:00Z"}).status_code == 200
+    response = server.get(path, stream=True)
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert response.json()["detail"].endswith("retry shortly")
+
+
+def test_ready_replays_on_a_fresh_connection_after_the_database_dropped_them_all(postgres, serve):
+    server = serve(write_token="w")
+    assert server.get("/api/ready").status_code == 200
+    killed = postgres.scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    # Proof that the probe's pooled connection was among them.
+    assert killed >= 1
+    response = server.get("/api/ready")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"status": "ok", "database": "ok", "revision": head_revision()}
 
 
 def test_requests_survive_the_database_dropping_every_connection(postgres, serve):

@@ -22,7 +22,7 @@ def feed():
     query = parse_query(FeedQuery)
     events = transaction(
         lambda conn: event_store.feed(
-            conn, after=query.after, limit=query.capped_limit, job_id=query.job_id, cluster=query.cluster
+            conn, after=query.after, limit=query.limit, job_id=query.job_id, cluster=query.cluster
         )
     )
     return respond(EventFeedResponse(events=events, next_cursor=event_store.next_cursor(events, query.after)))

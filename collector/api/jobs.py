@@ -21,6 +21,7 @@ from collector.contract import JobEventListResponse
 from collector.contract import JobListResponse
 from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
+from collector.contract import format_timestamp
 from collector.db import transaction
 from collector.store import events as event_store
 from collector.store import job_list
@@ -65,7 +66,13 @@ def update_job(job_id: str):
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
-    return _written(transaction(lambda conn: job_store.update(conn, job_id, payload), write=True), 200)
+    result = transaction(lambda conn: job_store.update(conn, job_id, payload), write=True)
+    if result.late:
+        # The reporter gets its 200 either way; the log shows which PUTs ran behind newer ones.
+        log.info("job %s%s: late update to %s stamped %s left it %s",
+                 f"{result.cluster}/" if result.cluster else "", result.job_id, payload.status.value,
+                 format_timestamp(payload.updated_at), result.status)
+    return _written(result, 200)
 
 
 @bp.get("/<job_id>")
@@ -86,7 +93,7 @@ def list_jobs():
         lambda conn: job_list.page(
             conn,
             page=query.page,
-            per_page=query.limit,
+            per_page=query.per_page,
             status=query.status.value if query.status else None,
             cluster=query.cluster,
             q=query.q,
@@ -94,7 +101,7 @@ def list_jobs():
             descending=query.descending,
         )
     )
-    return respond(JobListResponse(jobs=found.jobs, total=found.total, page=query.page, per_page=query.limit,
+    return respond(JobListResponse(jobs=found.jobs, total=found.total, page=query.page, per_page=query.per_page,
                                    total_exact=found.exact))
 
 
@@ -107,7 +114,7 @@ def job_events(job_id: str):
 
     def read(conn):
         job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
-        return cluster, event_store.job_events(conn, job_pk, after=query.after, limit=query.capped_limit)
+        return cluster, event_store.job_events(conn, job_pk, after=query.after, limit=query.limit)
 
     cluster, events = transaction(read)
     return respond(

@@ -72,11 +72,13 @@ DEFAULT_ORDER = {JobSort.SUBMITTED: SortOrder.DESC, JobSort.UPDATED: SortOrder.D
 
 
 class JobListQuery(_Query):
-    """``GET /api/jobs``; ``per_page`` above the maximum is clamped, not refused."""
+    """``GET /api/jobs``; a ``page`` or ``per_page`` out of range is 422, never clamped."""
 
     # Bounded so the OFFSET it becomes always fits a BIGINT.
     page: Annotated[int, Field(ge=1, le=10_000_000)] = 1
-    per_page: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 50
+    # The spec's maximum, refused like the built-in collector refuses it: dashboards written
+    # against it expect a 422, and a clamped page would look like the last one.
+    per_page: Annotated[int, Field(ge=1, le=MAX_PER_PAGE)] = 50
     status: JobStatus | None = None
     cluster: ClusterArg = None
     q: Annotated[
@@ -95,24 +97,17 @@ class JobListQuery(_Query):
     def descending(self) -> bool:
         return (self.order or DEFAULT_ORDER.get(self.sort, SortOrder.ASC)) is SortOrder.DESC
 
-    @property
-    def limit(self) -> int:
-        return min(self.per_page, MAX_PER_PAGE)
-
 
 class EventQuery(_Query):
-    """Cursor parameters of both feeds; ``limit`` above the maximum is clamped."""
+    """Cursor parameters of both feeds; a ``limit`` out of range is 422, never clamped."""
 
     after: Cursor = 0
-    limit: Annotated[int, Field(ge=1, le=MAX_CURSOR)] = 100
+    # The spec's maximum (as ``per_page``): a poller that asked for more must not take a
+    # shorter page for the end of the feed.
+    limit: Annotated[int, Field(ge=1, le=MAX_EVENT_LIMIT)] = 100
     cluster: ClusterArg = None
 
-    @property
-    def capped_limit(self) -> int:
-        return min(self.limit, MAX_EVENT_LIMIT)
 
-
-JobIdArg = ClusterArg  # the same rule: optional, blank means absent, no NUL
 class FeedQuery(EventQuery):
     """``GET /api/events``: the cursor plus job and cluster filters."""
 

@@ -8,10 +8,12 @@ from flask import Blueprint
 from flask import current_app
 from flask import g
 from flask import jsonify
+from sqlalchemy import Connection
+from sqlalchemy import inspect
+from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.db import get_db
-from collector.migrations import current_revision
 from collector.migrations import head_revision
 from collector.migrations import is_behind
 from collector.contract import HealthResponse
@@ -23,6 +25,8 @@ from collector.openapi import served
 
 bp = Blueprint("system", __name__, url_prefix="/api")
 log = logging.getLogger("collector")
+# Seconds a client should wait before probing readiness again (a restart takes a few).
+READY_RETRY_AFTER_S = 5
 
 
 @bp.get("/health")
@@ -39,22 +43,38 @@ def openapi_document():
     return jsonify(served(current_app))
 
 
+def revision_of(conn: Connection) -> str | None:
+    """The revision the database is at (None when it was never migrated)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def unavailable(body: ReadyResponse):
+    """A 503 readiness answer; load balancers and clients may probe again after Retry-After."""
+    response = respond(body, 503)
+    response.headers["Retry-After"] = str(READY_RETRY_AFTER_S)
+    return response
+
+
 @bp.get("/ready")
 @operation(responses={200: ReadyResponse, 503: ReadyResponse})
 def ready():
     """The database answers and its schema is the one this code needs."""
     try:
-        revision = current_revision(get_db().engine)
+        # Through Database.run, so a pooled connection that died with a database restart
+        # is replayed on a fresh one instead of failing the probe.
+        revision = get_db().run(revision_of)
     except SQLAlchemyError as exc:
         # The probe is open: name the failure's kind, keep hosts and ports for the log.
         log.warning("readiness: database unreachable [request_id=%s]: %s", g.get("request_id"),
                     str(exc).strip().splitlines()[0])
         kind = type(getattr(exc, "orig", None) or exc).__name__
-        return respond(ReadyResponse(status="unavailable", database=f"unreachable ({kind}); see the server log",
-                                     revision=None), 503)
+        return unavailable(ReadyResponse(status="unavailable", database=f"unreachable ({kind}); see the server log",
+                                         revision=None))
     head = head_revision()
     if is_behind(revision):
         at = f"at {revision}" if revision else "not migrated"
         problem = f"schema {at}, code needs {head}: run `collector db upgrade`"
-        return respond(ReadyResponse(status="unavailable", database=problem, revision=revision), 503)
+        return unavailable(ReadyResponse(status="unavailable", database=problem, revision=revision))
     return respond(ReadyResponse(status="ok", database="ok", revision=revision))

@@ -53,7 +53,10 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
         if not exact and not (len(data) == 0 and offset == size):
             raise Conflict(f"bytes {offset}-{end} of {name} differ from the stored segment, which holds "
                            f"{size} of {total} bytes", extra={"file": name, "next_offset": size})
-        return Progress(end, file["done"] and end == total)
+        last = file["done"] and end == total
+        # A replay of the completing chunk whose first run committed but never got to
+        # seal (its answer was lost): seal now, or the checksum waits for a download.
+        return Progress(end, last, completed_now=last and file["sha256"] is None)
     if offset > size:
         raise Conflict(f"segment {name} continues at offset {size}, not {offset}",
                        extra={"file": name, "next_offset": size})

@@ -28,6 +28,8 @@ from collector.store.identity import wire_cluster
 
 SUMMARY_COLUMNS = ("job_id", "job_name", "status", "stage", "message", "cluster", "submitted_at", "started_at",
                    "completed_at", "updated_at", "exit_code")
+# Fields a PUT sets when it sends them; a late PUT only fills them while they are null.
+_FILLABLE = ("started_at", "completed_at", "exit_code", "logs_url", "benchmark_results")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,8 @@ class WriteResult:
     cluster: str | None
     status: str
     event: JobEventRecord | None
+    # A PUT older than the job's updated_at: it filled what was unknown and moved nothing.
+    late: bool = False
 
 
 def placeholder_name(job_id: str) -> str:
@@ -77,8 +81,9 @@ def _triple(row: JobRow) -> tuple[str, str | None, str | None]:
     return row["status"], row["stage"], row["message"]
 
 
-def _result(row: JobRow, event: JobEventRecord | None) -> WriteResult:
-    return WriteResult(job_id=row["job_id"], cluster=wire_cluster(row["cluster"]), status=row["status"], event=event)
+def _result(row: JobRow, event: JobEventRecord | None, *, late: bool = False) -> WriteResult:
+    return WriteResult(job_id=row["job_id"], cluster=wire_cluster(row["cluster"]), status=row["status"], event=event,
+                       late=late)
 
 
 def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
@@ -114,8 +119,12 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
     return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at, commit=True))
 
 
-def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteResult:
-    """Apply a PUT, creating a placeholder row when the job's POST never arrived."""
+def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *,
+           event_at: dt.datetime | None = None) -> WriteResult:
+    """Apply a PUT, creating a placeholder row when the job's POST never arrived.
+
+    ``event_at`` stamps the event when it is not the payload's ``updated_at`` (a stale mark).
+    """
     reported = payload.metadata or {}
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
     cluster = payload.reported_cluster()
@@ -139,6 +148,28 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
         if row["is_placeholder"] and reported_name and row["job_name"] == placeholder_name(job_id):
             row["job_name"] = reported_name
 
+    late = original is not None and is_late(row, payload.updated_at)
+    if late:
+        _fill_unknown(row, payload)
+    else:
+        _apply(row, payload)
+    event = writes.save(conn, row, original, before, event_at or payload.updated_at, commit=True)
+    return _result(row, event, late=late)
+
+
+def is_late(row: JobRow, updated_at: dt.datetime) -> bool:
+    """Whether a PUT stamped ``updated_at`` is older than the newest one applied to ``row``.
+
+    A job still in ``submitted`` has had no report applied: its ``updated_at`` is the POST's
+    ``submitted_at`` (another host's clock) or, for a row a blob upload created, ours. The
+    first PUT is measured against neither, or a head node whose clock is behind the login
+    node's would never get its job out of ``submitted``.
+    """
+    return row["status"] != JobStatus.SUBMITTED.value and updated_at < row["updated_at"]
+
+
+def _apply(row: JobRow, payload: JobUpdatePayload) -> None:
+    """Apply a PUT that is not late: it sets the status and becomes the job's watermark."""
     status = payload.status.value
     if status != row["status"]:
         # stage and message describe the status they came with; a new status without
@@ -149,14 +180,26 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload) -> WriteRes
         row["stage"] = payload.stage.value
     if payload.message is not None:
         row["message"] = payload.message
-    for name in ("started_at", "completed_at", "exit_code", "logs_url", "benchmark_results"):
+    for name in _FILLABLE:
         value = getattr(payload, name)
         if value is not None:
             row[name] = value
     row["artifacts"] = _merged(row["artifacts"], payload.artifacts)
     row["metadata"] = _merged(row["metadata"], payload.metadata)
-    row["updated_at"] = max(row["updated_at"], payload.updated_at)
-    return _result(row, writes.save(conn, row, original, before, payload.updated_at, commit=True))
+    # Not older than the watermark (is_late), except the first report on a submitted row,
+    # which replaces the submit's stamp so the reporter's later PUTs compare with its own clock.
+    row["updated_at"] = payload.updated_at
+
+
+def _fill_unknown(row: JobRow, payload: JobUpdatePayload) -> None:
+    """Take from a late PUT only what the job does not know yet; status, stage and message stay."""
+    for name in _FILLABLE:
+        value = getattr(payload, name)
+        if value is not None and row[name] is None:
+            row[name] = value
+    # The stored keys are newer: the late PUT fills only missing or null ones.
+    row["artifacts"] = _merged(row["artifacts"], payload.artifacts, existing_wins=True)
+    row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
 
 
 def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime) -> tuple[int, str | None, bool]:

@@ -14,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
@@ -64,6 +65,30 @@ SAVE_WITH_EVENT = (
 SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT NULL"
 
 
+# SQLSTATE classes of a session the server has ended: connection exceptions (08) and
+# operator intervention short of a cancel (57P01 admin shutdown, 57P02 crash, 57P03...).
+_DEAD_STATES = ("08", "57P")
+
+
+def kills_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves its psycopg connection unusable, so the transaction must move to another.
+
+    ``closed``/``broken`` are not enough: when the server terminates a backend, libpq may
+    report the FATAL message (or, in pipeline mode, "cannot exit pipeline mode while
+    busy") before it has seen the socket close, and the connection still looks healthy.
+    """
+    if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.PipelineAborted):
+        return False
+    # Errors raised by libpq or psycopg themselves (a lost socket, a pipeline left busy)
+    # carry no SQLSTATE and leave the session in an unknown state: never reuse it.
+    return exc.sqlstate is None or exc.sqlstate.startswith(_DEAD_STATES)
+
+
+def is_dead(driver: psycopg.Connection, exc: BaseException) -> bool:
+    """Whether ``driver`` can no longer be used after ``exc``."""
+    return driver.closed or driver.broken or kills_connection(exc)
+
+
 @contextlib.contextmanager
 def _driver(conn: Connection, sql: str):
     """The transaction's psycopg connection; its errors are raised as SQLAlchemy's.
@@ -75,7 +100,7 @@ def _driver(conn: Connection, sql: str):
     try:
         yield driver
     except psycopg.Error as exc:
-        dead = driver.closed or driver.broken
+        dead = is_dead(driver, exc)
         if dead:
             conn.invalidate(exc)
         raise DBAPIError.instance(sql, None, exc, psycopg.Error, hide_parameters=True,

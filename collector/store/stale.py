@@ -11,8 +11,9 @@ never on the reporter's stamps: a job replayed from an outbox days later, or rep
 a host whose clock is wrong, is alive for as long as it keeps sending.
 
 Marking is an ordinary update to ``failed`` (an event, the counts, the streams), with
-a message that says what was observed and when. A later real report still wins: it is
-applied like any other PUT.
+a message that says what was observed and when. A later real report still wins: the mark
+keeps the job's ``updated_at`` (the last reporter stamp, the watermark late PUTs are judged
+by), so any PUT not older than the last real report is applied after it.
 """
 
 from __future__ import annotations
@@ -111,11 +112,13 @@ def mark(conn: Connection, candidate: Candidate, now: dt.datetime) -> jobs.Write
         return None
     payload = JobUpdatePayload(
         status=JobStatus.FAILED,
-        # The reporter's clock may be ahead of ours: never move updated_at backwards.
-        updated_at=max(now, row["updated_at"]),
+        # Our clock is not the reporter's: stamped ``now``, the mark would make every report
+        # the job sent before it (or from a host whose clock is behind ours) late. It keeps
+        # the last report's stamp instead, and only its event carries our time.
+        updated_at=row["updated_at"],
         # The stage it was in when it was last heard from is where it died.
         stage=row["stage"],
         message=candidate.message,
         metadata={"cluster": wire_cluster(row["cluster"])} if row["cluster"] else None,
     )
-    return jobs.update(conn, candidate.job_id, payload)
+    return jobs.update(conn, candidate.job_id, payload, event_at=now)
