@@ -123,7 +123,8 @@ def nginx_config(root: Path, upstream: str, https_port: int, redirect_port: int)
     # Loopback IPv4 only (a container may have no IPv6).
     (root / "collector.conf").write_text(
         "".join(line for line in text.splitlines(keepends=True) if "listen [::]" not in line))
-    temp = "\n".join(f"    {kind}_temp_path {root / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = "\n".join(f"    {kind}_temp_path {root / kind};"
+                     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     # As root, nginx would run its workers as nobody, who cannot enter a 0700 temp dir.
     user = "user root;\n" if os.geteuid() == 0 else ""
     (root / "nginx.conf").write_text(f"""{user}worker_processes auto;
@@ -197,7 +198,6 @@ class Counts:
     """What the slow clients saw over one hold."""
 
     open: int = 0
-    peak_open: int = 0
     opened: int = 0
     # The server ended the connection: with an answer (e.g. 503 after the queue timeout,
     # 408), or without one (a timeout reset).
@@ -226,9 +226,12 @@ class Target:
         return cls(parts.hostname, parts.port, context)
 
 
-def _requests(i: int, host: str, token: str) -> tuple[bytes, bytes]:
-    """(what is sent at once, what follows a byte at a time) for slow client ``i``."""
-    if i % 2 == 0:
+KINDS = ("headers", "body")
+
+
+def _requests(kind: str, i: int, host: str, token: str) -> tuple[bytes, bytes]:
+    """(what is sent at once, what follows a byte at a time) for slow client ``i`` of ``kind``."""
+    if kind == "headers":
         # Never ends its headers: what a slowloris sends.
         return f"PUT /api/jobs/slow-{i} HTTP/1.1\r\nHost: {host}\r\nX-Slow: ".encode(), b"a" * 100_000
     # Whole headers, then a valid PUT body a byte at a time: a reporter on a dying link.
@@ -245,8 +248,11 @@ async def _dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
     wait = random.uniform(0, interval)  # spread the bytes of thousands of clients over the interval
     for byte in rest:
         try:
-            data = await asyncio.wait_for(reader.read(4096), timeout=wait)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the read completes, and the hold would then never stop.
+            async with asyncio.timeout(wait):
+                data = await reader.read(4096)
+        except TimeoutError:
             writer.write(bytes([byte]))
             wait = interval
             continue
@@ -258,23 +264,21 @@ async def _dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
     await reader.read(4096)  # the whole request went out: read the answer, then start again
 
 
-async def _slow_client(i: int, target: Target, token: str, interval: float, counts: Counts,
+async def _slow_client(kind: str, i: int, target: Target, token: str, interval: float, counts: Counts,
                        gate: asyncio.Semaphore) -> None:
     """One slow client, reconnecting whenever the server ends its connection, until cancelled."""
-    head, rest = _requests(i, target.host, token)
+    head, rest = _requests(kind, i, target.host, token)
     while True:
         try:
-            async with gate:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                    target.host, target.port, ssl=target.tls, server_hostname=target.host if target.tls else None),
-                    CONNECT_TIMEOUT)
-        except (OSError, asyncio.TimeoutError):
+            async with gate, asyncio.timeout(CONNECT_TIMEOUT):
+                reader, writer = await asyncio.open_connection(
+                    target.host, target.port, ssl=target.tls, server_hostname=target.host if target.tls else None)
+        except (OSError, TimeoutError):
             counts.connect_failures += 1
             await asyncio.sleep(interval)
             continue
         counts.open += 1
         counts.opened += 1
-        counts.peak_open = max(counts.peak_open, counts.open)
         try:
             writer.write(head)
             await _dribble(reader, writer, rest, interval, counts)
@@ -286,27 +290,38 @@ async def _slow_client(i: int, target: Target, token: str, interval: float, coun
 
 
 class Hold:
-    """``n`` slow clients against ``url``, held from ``start()`` to ``stop()`` (in a running loop)."""
+    """``n`` slow clients against ``url``, held from creation (in a running loop) until ``stop()``."""
 
     def __init__(self, url: str, n: int, token: str, interval: float) -> None:
-        self.counts = Counts()
+        self.counts = {kind: Counts() for kind in KINDS}
         target = Target.of(url)
         gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-        self.tasks = [asyncio.create_task(_slow_client(i, target, token, interval, self.counts, gate))
+        self.tasks = [asyncio.create_task(_slow_client(KINDS[i % 2], i, target, token, interval,
+                                                       self.counts[KINDS[i % 2]], gate))
                       for i in range(n)]
         self.n = n
+
+    def open(self) -> int:
+        """Connections held right now."""
+        return sum(c.open for c in self.counts.values())
 
     async def ramp(self, time_limit: float) -> float:
         """Wait until every client has connected once (or ``time_limit``); returns the seconds it took."""
         started = time.monotonic()
-        while self.counts.opened < self.n and time.monotonic() - started < time_limit:
+        while sum(c.opened for c in self.counts.values()) < self.n and time.monotonic() - started < time_limit:
             await asyncio.sleep(0.05)
         return time.monotonic() - started
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        """Cancel every client and wait (bounded) until all have closed their connections."""
+        pending = set(self.tasks)
+        for _ in range(20):
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=0.5)
+            if not pending:
+                return
+        raise SlowFailure(f"{len(pending)} slow clients did not stop")
 
 
 # ---------------------------------------------------------------- the measurement
@@ -319,9 +334,10 @@ class Side:
     name: str
     without: list = dataclasses.field(default_factory=list)
     with_: list = dataclasses.field(default_factory=list)
-    holds: list[Counts] = dataclasses.field(default_factory=list)
+    holds: list[dict[str, Counts]] = dataclasses.field(default_factory=list)
     ramp_s: list[float] = dataclasses.field(default_factory=list)
     open_during: list[int] = dataclasses.field(default_factory=list)
+    hold_s: list[float] = dataclasses.field(default_factory=list)
     rss_mib: tuple[float, float] | None = None  # nginx workers: idle, holding
 
 
@@ -343,16 +359,18 @@ async def _phase(side: Side, url: str, health: str, *, slow: int, token: str, in
     idle = await asyncio.to_thread(rss) if rss else None
     await asyncio.to_thread(before)
     hold = Hold(url, slow, token, interval)
+    held = time.monotonic()
     try:
         side.ramp_s.append(await hold.ramp(60))
         # Every client has sent its first bytes and at least one more: all are mid-request.
         await asyncio.sleep(interval)
-        side.open_during.append(hold.counts.open)
-        if rss:
+        side.open_during.append(hold.open())
+        if rss and side.rss_mib is None:  # the first hold: nginx keeps memory it has grown to
             side.rss_mib = (idle, await asyncio.to_thread(rss))
         side.with_.append(await asyncio.to_thread(writes, url, duration))
     finally:
         await hold.stop()
+        side.hold_s.append(time.monotonic() - held)
         side.holds.append(hold.counts)
     await asyncio.to_thread(_wait_healthy, health, 60)
 
@@ -424,8 +442,9 @@ def report(result: SlowRun) -> list[tuple[str, float | None, float | None, str]]
                      sum(r.non2xx + r.socket_errors for r in side.without), "0" if side.name == "nginx" else "-"))
         rows.append((f"{where}: slow clients open when the writes started (worst round, of {n})",
                      min(side.open_during), n, "all"))
-        rows.append((f"{where}: slow connections ended by the server during a hold (answered + closed; median)",
-                     med(c.answered + c.closed for c in side.holds), None, "-"))
+        for kind in KINDS:
+            rows.append((f"{where}: slow {kind} ended by the server per hold (answered + closed; median of "
+                         f"{n // 2})", med(h[kind].answered + h[kind].closed for h in side.holds), None, "-"))
         if side.rss_mib:
             rows.append((f"{where}: nginx workers' RSS MiB holding {n} slow clients (vs idle)",
                          side.rss_mib[1], side.rss_mib[0], "-"))
@@ -437,8 +456,12 @@ def notes(result: SlowRun) -> list[str]:
     lines = [f"- slowclients: {result.rounds} round(s) × {result.duration:g} s per phase, a byte every "
              f"{result.interval:g} s per slow client, half in their headers and half in a body"]
     for side in result.sides:
-        holds = side.holds
-        lines.append(f"- slowclients {side.name}: ramp {max(side.ramp_s):.1f} s (worst), connections opened "
-                     f"{sum(c.opened for c in holds)}, answered {sum(c.answered for c in holds)}, closed without an "
-                     f"answer {sum(c.closed for c in holds)}, connect failures {sum(c.connect_failures for c in holds)}")
+        lines.append(f"- slowclients {side.name}: ramp {max(side.ramp_s):.1f} s (worst); hold seconds "
+                     + ", ".join(f"{s:.0f}" for s in side.hold_s))
+        for kind in KINDS:
+            counts = [h[kind] for h in side.holds]
+            lines.append(f"  - slow {kind}: connections opened {sum(c.opened for c in counts)}, answered "
+                         f"{sum(c.answered for c in counts)}, closed without an answer "
+                         f"{sum(c.closed for c in counts)}, connect failures "
+                         f"{sum(c.connect_failures for c in counts)}")
     return lines

@@ -117,15 +117,19 @@ def logging_config(settings: Settings, text_format: str, server_level: str) -> d
 
 
 def post_worker_init(worker) -> None:
-    """End the worker's streams as soon as it starts to stop, so it stops within seconds.
+    """Start the worker's janitor; end its streams as soon as it starts to stop, so it stops within seconds.
 
     A worker stops on SIGTERM, on max_requests and when its parent dies; in every case
     it clears ``worker.alive`` and then waits up to graceful_timeout for open requests,
     which a stream would use up. Closed streams tell clients to resume elsewhere.
     """
-    hub = getattr(worker.wsgi, "extensions", {}).get("collector.streams")
+    extensions = getattr(worker.wsgi, "extensions", {})
+    hub = extensions.get("collector.streams")
     if hub is None:  # another app on this config (bench/baseline_app.py): nothing to stop
         return
+    # Every worker competes for the stale-job sweep from its start, not from its first
+    # request: a replacement for a dead sweeper must take over even if no traffic comes.
+    extensions["collector.janitor"].ensure_running()
 
     def watch() -> None:
         while worker.alive:

@@ -351,6 +351,16 @@ def test_body_limit_through_the_tls_front(proxy):
     assert "request_id" not in far.text
 
 
+def test_the_longest_file_name_passes_the_proxy(proxy):
+    # 4,096 characters (the API's limit), percent-encoded to more than nginx's default 8k line buffer.
+    name = ("%%%%/" * 820)[:4092] + ".out"
+    response = requests.post(proxy.https + "/api/jobs/px-5/logs", params={"file": name, "offset": 0},
+                             data=b"long\n", headers={"Authorization": f"Bearer {proxy.collector.token}"},
+                             verify=proxy.cafile, timeout=30)
+    assert len(response.request.url) > 8192
+    assert (response.status_code, response.json()["stored"]) == (200, 1), response.text
+
+
 def test_tls_front_passes_auth_through(proxy):
     assert proxy.get(proxy.https + "/api/jobs").status_code == 401
     ok = proxy.get(proxy.https + "/api/jobs", headers={"Authorization": f"Bearer {proxy.read_token}"})
