@@ -109,7 +109,7 @@ class Settings:
     # Ordinary requests one process runs at once (collector/admission.py); gunicorn's
     # thread count per worker is this plus max_streams.
     request_threads: int = 8
-    # Streams one process holds at once; each holds a thread (deploy/gunicorn.conf.py
+    # Streams one process holds at once; each holds a thread (collector/serving.py
     # adds this many threads to every worker, so writes keep theirs).
     max_streams: int = 500
     # How every log line is written, under `collector serve` and gunicorn alike.
@@ -118,7 +118,8 @@ class Settings:
     metrics_auth: str = "open"
     # Stale jobs (collector/store/stale.py): an active job that left Slurm's queue this
     # long ago without a final report, or that sent nothing at all for stale_silence_s
-    # (0: never), is marked failed; each process checks every stale_check_s.
+    # (0: never), is marked failed; one process of the deployment checks every stale_check_s
+    # (collector/sweeper.py).
     stale_grace_s: float = 120.0
     stale_silence_s: float = 86_400.0
     stale_check_s: float = 60.0
