@@ -351,16 +351,23 @@ def streams_table(rows: list[dict]) -> list[str]:
     return measure_table(rows, "subscribers", "subscribers") + ([""] + notes if notes else [])
 
 
+def _cannot_run(scenario: str, reason: str | None, rows: list[dict], failed_row) -> bool:
+    """Whether a scenario's tools are missing: a FAILED row under COLLECTOR_TEST_STRICT, else a skip notice."""
+    if not reason:
+        return False
+    # CI installs every tool (.ci/run) and runs strict: there a missing one is a failure.
+    if os.environ.get("COLLECTOR_TEST_STRICT") == "1":
+        rows.append(failed_row(reason))
+    else:
+        print(f"{scenario} scenario skipped: {reason}", file=sys.stderr)
+    return True
+
+
 def run_ui(args, rows: list[dict]) -> None:
     """The page over ``--ui-jobs`` seeded jobs: first render, search and paging, then frames while
     ``--ui-rate`` PUTs/s each append an event for a job on its first page."""
-    reason = ui.missing()
-    if reason:
-        # CI installs both (.ci/run) and runs strict: there a missing browser is a failure.
-        if os.environ.get("COLLECTOR_TEST_STRICT") == "1":
-            rows.append(ui_row(args.ui_jobs, "FAILED", None, None, "-", error=reason))
-        else:
-            print(f"ui scenario skipped: {reason}", file=sys.stderr)
+    if _cannot_run("ui", ui.missing(), rows, lambda reason: ui_row(args.ui_jobs, "FAILED", None, None, "-",
+                                                                     error=reason)):
         return
     dbs = Databases(args.pg_url)
     try:
@@ -393,13 +400,8 @@ def run_ui(args, rows: list[dict]) -> None:
 def run_slowclients(args, rows: list[dict]) -> None:
     """Lifecycle PUTs (wrk, fresh connections) without and with ``--slow-clients`` slow connections held,
     through deploy/nginx/collector.conf and, except in --quick, straight to gunicorn."""
-    reason = slowclients.missing()
-    if reason:
-        # CI installs nginx and openssl (.ci/run) and runs strict: there a missing one is a failure.
-        if os.environ.get("COLLECTOR_TEST_STRICT") == "1":
-            rows.append(slow_row(args.slow_clients, "FAILED", None, None, "-", error=reason))
-        else:
-            print(f"slowclients scenario skipped: {reason}", file=sys.stderr)
+    if _cannot_run("slowclients", slowclients.missing(), rows,
+                   lambda reason: slow_row(args.slow_clients, "FAILED", None, None, "-", error=reason)):
         return
     dbs = Databases(args.pg_url)
     try:
