@@ -205,7 +205,7 @@ def upload_log(job_id: str):
     name, offset, final = args["file"], int(args["offset"]), args.get("final") == "1"
     cluster = args.get("cluster") or ""
     data = request.get_data(cache=False)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     with connection() as conn:
         conn.execute(LOCK_JOB, (job_id,))
         row = conn.execute(JOB_OF_CLUSTER, (cluster, job_id)).fetchone()

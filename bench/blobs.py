@@ -175,7 +175,7 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 

@@ -22,7 +22,7 @@ LIFECYCLE = [
     ("benchmark", "cleanup", "Artifacts uploaded"),
     ("completed", "cleanup", "Benchmark completed successfully"),
 ]
-BASE = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+BASE = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 METADATA = json.dumps({"model": {"path": "/models/dsr1", "precision": "fp4"}, "resources": {"gpu_type": "gb200",
                        "gpus_per_node": 4}, "benchmark": {"type": "sa-bench"}, "head_node": "node-01",
                        "tags": ["suite:nightly"]})
@@ -34,7 +34,7 @@ def rows(n: int, seed: int = 7):
     event_id = 0
     # Heard from now, on the collector's clock: the stale check leaves the seeded active
     # jobs alone for the whole run instead of failing them in batches mid-measurement.
-    received = dt.datetime.now(dt.timezone.utc)
+    received = dt.datetime.now(dt.UTC)
     for i in range(n):
         cluster = CLUSTERS[i % len(CLUSTERS)]
         submitted = BASE + dt.timedelta(seconds=60 * i)
@@ -87,7 +87,7 @@ def seed_postgres(url: str, n: int) -> int:
 
 def _sqlite_time(value: dt.datetime) -> str:
     # The text form SQLAlchemy's SQLite DateTime writes, so seeded rows sort with live ones.
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def seed_sqlite(url: str, n: int) -> int:

@@ -27,8 +27,8 @@ import ssl
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 import requests

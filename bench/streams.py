@@ -36,8 +36,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from sqlalchemy import create_engine
@@ -175,7 +175,7 @@ async def paced(url: str, token: str, rate: float, duration: float, request: Cal
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         try:
             status, done, wall = await asyncio.wait_for(_put(host, port, head, body), PUT_TIMEOUT)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             status, done, wall = 0, time.perf_counter(), time.time()
         puts[i] = Put(key, status, done - at, wall)
 
@@ -298,7 +298,7 @@ async def _subscribe(host: str, port: int, token: str, count: int, time_limit: f
         changed.clear()
         try:
             await asyncio.wait_for(changed.wait(), 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     ok = sum(1 for s in subs if s.ready and not s.error)
     errors = [s.error or "no preamble within 30 s" for s in subs if not s.ready or s.error]
@@ -315,7 +315,7 @@ async def _subscribe(host: str, port: int, token: str, count: int, time_limit: f
     while loop.time() < deadline:
         try:
             line = await asyncio.wait_for(commands.get(), deadline - loop.time())
-        except asyncio.TimeoutError:
+        except TimeoutError:
             break
         words = line.split()
         if words[:1] == ["WAIT"]:

@@ -262,7 +262,7 @@ def update_put(jobs: int, k: int) -> tuple[tuple, str, bytes]:
     steps = seed.LIFECYCLE[1:]
     status, stage, message = steps[(k // VISIBLE_JOBS) % len(steps)]
     message = f"{message} · update {k}"
-    now = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    now = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
     body = (f'{{"status": "{status}", "stage": "{stage}", "message": "{message}", "updated_at": "{now}",'
             f' "metadata": {{"cluster": "{cluster}"}}}}')
     return (job_id, status, stage, message), f"/api/jobs/{job_id}", body.encode()

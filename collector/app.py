@@ -7,13 +7,13 @@ import logging
 from flask import Flask
 
 from collector import db
-from collector.admission import Admission
 from collector import errors
 from collector import fanout
 from collector import guard
+from collector import janitor
 from collector import metrics
 from collector import ui
-from collector import janitor
+from collector.admission import Admission
 from collector.api import captures
 from collector.api import cluster_stream
 from collector.api import clusters

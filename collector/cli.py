@@ -236,7 +236,7 @@ def prune(days, cluster, status, logs_only, dry_run, batch_size, db) -> None:
     from collector.store import retention
 
     selection = retention.Selection(
-        cutoff=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days),
+        cutoff=dt.datetime.now(dt.UTC) - dt.timedelta(days=days),
         cluster=cluster,
         statuses=(status,) if status else retention.FINISHED,
         logs_only=logs_only,

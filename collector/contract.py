@@ -14,8 +14,8 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import PlainSerializer
 from pydantic import TypeAdapter
-from pydantic import ValidationInfo
 from pydantic import ValidationError
+from pydantic import ValidationInfo
 from pydantic import field_validator
 from pydantic import model_validator
 from pydantic_core import PydanticCustomError
@@ -50,7 +50,7 @@ class JobStage(str, enum.Enum):
 
 def format_timestamp(value: dt.datetime) -> str:
     """Render a UTC timestamp the way the reporter sends them: ISO 8601 with ``Z``."""
-    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def parse_timestamp(value: Any) -> dt.datetime:
@@ -65,8 +65,8 @@ def parse_timestamp(value: Any) -> dt.datetime:
     else:
         raise ValueError("must be an ISO 8601 timestamp string")
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
-    return parsed.astimezone(dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.astimezone(dt.UTC)
 
 
 Timestamp = Annotated[dt.datetime, BeforeValidator(parse_timestamp), PlainSerializer(format_timestamp)]
@@ -346,7 +346,7 @@ class LegacyLogChunk(_Payload):
     data: str
 
     @model_validator(mode="after")
-    def _size_matches(self) -> "LegacyLogChunk":
+    def _size_matches(self) -> LegacyLogChunk:
         if len(self.data.encode()) != self.size:
             raise ValueError(f"size {self.size} is not the UTF-8 length of data ({len(self.data.encode())} bytes)")
         return self

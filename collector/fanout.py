@@ -22,8 +22,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from operator import attrgetter
-from typing import Iterator
 
 import psycopg
 from flask import Flask

@@ -116,7 +116,7 @@ class Janitor:
         # Not only the sweeper calls this: a cluster's probe report sweeps at once in the
         # process that took it (collector/api/clusters.py), and tests call it directly.
         # That is safe, as stale.mark re-checks each job under its write lock.
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         settings = self.settings
         found = self.database.run(lambda conn: stale.candidates(
             conn, now, grace_s=settings.stale_grace_s, silence_s=settings.stale_silence_s))

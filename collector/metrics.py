@@ -36,11 +36,11 @@ from sqlalchemy import Engine
 from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
+from collector.cluster_contract import Health
 from collector.db import Database
 from collector.db import get_db
 from collector.guard import METRICS_PATH
 from collector.openapi import operation
-from collector.cluster_contract import Health
 from collector.store import activity
 from collector.store import clusters
 
@@ -129,7 +129,7 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
     up = GaugeMetricFamily("collector_database_up", "1 if this scrape's database query succeeded, else 0.")
     try:
         reports = database.run(activity.last_reports)
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         probed = database.run(lambda conn: clusters.health(conn, now))
     except SQLAlchemyError as exc:
         # The rest of the scrape is worth most while the database is down: answer it.

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 from sqlalchemy import inspect
 from sqlalchemy import text
+
+from alembic import command
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -50,7 +50,7 @@ class UTCDateTime(TypeDecorator):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
-        value = value.astimezone(dt.timezone.utc)
+        value = value.astimezone(dt.UTC)
         # SQLite keeps text; storing naive UTC keeps its ordering lexical and uniform.
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
@@ -58,8 +58,8 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 class Base(DeclarativeBase):

@@ -23,8 +23,8 @@ from pydantic.json_schema import models_json_schema
 from collector.contract import ErrorResponse
 from collector.contract import Identifier
 from collector.guard import OPEN_PATHS
-from collector.guard import open_paths
 from collector.guard import READ_METHODS
+from collector.guard import open_paths
 
 REF = "#/components/schemas/{model}"
 # Media types, and the schemas of bodies that are not JSON.

@@ -51,7 +51,7 @@ LOG_AFTER = (1, 3, 5)
 
 
 def stamp(value: dt.datetime) -> str:
-    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclasses.dataclass
@@ -107,7 +107,7 @@ class Load:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._base = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(hours=2)
+        self._base = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2)
 
     # --- driving -------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ STARTED_METADATA = {
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 class Reporter:

@@ -65,7 +65,7 @@ class Stream:
         self.sock.settimeout(max(deadline - time.monotonic(), 0.0))
         try:
             data = self.sock.recv(65536)
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             raise TimeoutError("nothing more arrived before the deadline") from None
         except ConnectionResetError:
             data = b""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 
 import pytest
@@ -29,7 +28,7 @@ def listing(api, **kwargs):
 
 
 def now() -> str:
-    return format_timestamp(dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+    return format_timestamp(dt.datetime.now(dt.UTC).replace(microsecond=0))
 
 
 IDLE = {"nodes": [{"name": "n1", "state": "idle"}], "partitions": [{"name": "debug", "state": "up"}]}
@@ -188,7 +187,7 @@ def test_queue_reason_reaches_the_clusters_and_the_job_detail(api, database):
 def test_a_probe_that_stopped_reporting_shows_it(api, database):
     reported(api, interval_s=30)
     assert listing(api)[0]["probe_silent"] is False
-    last = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=10)
+    last = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=10)
     with database.engine.begin() as conn:  # ten minutes without a report
         conn.execute(text("UPDATE cluster_probes SET received_at = :t"), {"t": last.replace(tzinfo=None)
                                                                           if not database.is_postgres else last})

@@ -515,7 +515,7 @@ def test_legacy_json_chunks_are_stored_as_utf8(api):
 
 
 def test_legacy_and_raw_uploads_share_the_file(api):
-    stored(api, "3", "a.out", 0, "caf".encode())
+    stored(api, "3", "a.out", 0, b"caf")
     assert legacy(api, "3", [{"file": "a.out", "offset": 3, "size": 2, "data": "é"}]).json() == {
         "job_id": "3", "stored": 1}
     assert stored(api, "3", "a.out", 0, "café".encode()) == 0

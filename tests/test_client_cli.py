@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 
 from tests.processes import child_env
 from tests.processes import collector_command

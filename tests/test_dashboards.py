@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "dashboards.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "collector.json"
 VIEWS = ("jobs", "job_events", "stage_durations", "cluster_activity", "cluster_health")
-NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 # Every seeded job starts from here; three hours back keeps the 24-hour figures and a
 # six-hour dashboard range around all of them.
 BASE = NOW - dt.timedelta(hours=3)
@@ -113,7 +113,7 @@ def seeded(postgres, api):
 
 def age(offset: float) -> float:
     """Seconds from BASE + ``offset`` to now: what a "so far" column should read."""
-    return (dt.datetime.now(dt.timezone.utc) - BASE).total_seconds() - offset
+    return (dt.datetime.now(dt.UTC) - BASE).total_seconds() - offset
 
 
 def rows(database, query: str, **params) -> list[tuple]:
@@ -237,7 +237,7 @@ INTERVALS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def grafana_time(value: dt.datetime) -> str:
     """Go's RFC3339Nano in UTC, as Grafana renders $__timeFrom()."""
-    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def seconds_of(interval: str) -> int:

@@ -432,7 +432,7 @@ def test_clients_that_reset_leave_every_slot_free(database, tmp_path, kind):
         health_s = time.monotonic() - answered
         answered = time.monotonic()
         put = requests.put(server.url + "/api/jobs/after-resets", timeout=1, json={
-            "status": "starting", "updated_at": stamp(dt.datetime.now(dt.timezone.utc))})
+            "status": "starting", "updated_at": stamp(dt.datetime.now(dt.UTC))})
         put_s = time.monotonic() - answered
         load = Load(server.url, prefix="after-", threads=4, jobs=8).start().wait()
         report = verify(engine, load.writes, url=server.url)
@@ -457,7 +457,7 @@ def test_a_late_put_never_moves_a_finished_job_back(database):
     database.clean()
     server = gunicorn(database.url, workers=2)
     try:
-        base = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(hours=1)
+        base = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
         t2, t3 = base + dt.timedelta(minutes=2), base + dt.timedelta(minutes=3)
         assert requests.post(server.url + "/api/jobs", timeout=5, json={
             "job_id": "late-0", "job_name": "n", "submitted_at": stamp(base), "cluster": "faults"}).status_code == 201
@@ -526,7 +526,7 @@ def test_a_late_put_never_moves_a_finished_job_back(database):
 def trickled_put(address: tuple[str, int], seconds: float) -> int:
     """A PUT whose body arrives a byte at a time over ``seconds``: it holds a slot that long; its status."""
     body = (b'{"status": "starting", "stage": "starting", "message": "slow", "updated_at": "'
-            + stamp(dt.datetime.now(dt.timezone.utc)).encode() + b'"}').ljust(100)
+            + stamp(dt.datetime.now(dt.UTC)).encode() + b'"}').ljust(100)
     with socket.create_connection(address, timeout=10) as sock:
         sock.sendall(b"PUT /api/jobs/shed-holder HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body))
@@ -548,10 +548,10 @@ def test_requests_that_waited_past_the_queue_timeout_are_shed_not_run(database):
         load = Load(server.url, prefix="", jobs=0)
 
         def wave(name: str) -> list[Write]:
-            writes = [Write("put", f"{name}-{n}", 1, dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+            writes = [Write("put", f"{name}-{n}", 1, dt.datetime.now(dt.UTC).replace(microsecond=0),
                             ("starting", "starting", "Job started"),
                             body={"status": "starting", "stage": "starting", "message": "Job started",
-                                  "updated_at": stamp(dt.datetime.now(dt.timezone.utc).replace(microsecond=0)),
+                                  "updated_at": stamp(dt.datetime.now(dt.UTC).replace(microsecond=0)),
                                   "metadata": {"cluster": "faults"}}) for n in range(10)]
             threads = [threading.Thread(target=load.send, args=(w,), kwargs={"retry": False}) for w in writes]
             for thread in threads:

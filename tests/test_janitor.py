@@ -189,7 +189,7 @@ def became(server: ServerProcess) -> list[int]:
 
 def submit(server: ServerProcess, job_id: str) -> None:
     body = {"job_id": job_id, "job_name": f"n-{job_id}", "cluster": "c1",
-            "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")}
+            "submitted_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")}
     assert requests.post(server.url + "/api/jobs", json=body, timeout=5).status_code == 201
 
 

@@ -164,13 +164,13 @@ def test_ingested_bytes_and_appended_events_are_counted_once(api):
 
 
 def test_cluster_report_age_is_read_at_scrape_time(api):
-    base = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    base = dt.datetime.now(dt.UTC).replace(microsecond=0)
     reports = [("m-a1", "alpha", 600), ("m-a2", "alpha", 300), ("m-b1", "beta", 60), ("m-none", None, 5)]
     for job_id, cluster, seconds_ago in reports:
         assert put(api.url, job_id, token=api.token, cluster=cluster,
                    updated_at=stamp(base - dt.timedelta(seconds=seconds_ago))).status_code == 200
     samples = scrape(api.url)
-    elapsed = (dt.datetime.now(dt.timezone.utc) - base).total_seconds()
+    elapsed = (dt.datetime.now(dt.UTC) - base).total_seconds()
     ages = {dict(labels)["cluster"]: age for labels, age in series(samples, AGE).items()}
     assert set(ages) == {"alpha", "beta"}  # a job with no cluster belongs to none
     assert 300 <= ages["alpha"] <= 300 + elapsed  # the newest report of the cluster's jobs
@@ -337,7 +337,7 @@ def test_gunicorn_workers_add_up_and_a_killed_worker_keeps_its_counts(database, 
         assert not (directory / "counter_999999.db").exists()
         # Fresh connections, which the two workers accept in turn; more if one got them all.
         sent = 0
-        reported = stamp(dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30))
+        reported = stamp(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30))
         while sent < 400:
             for _ in range(40 if sent == 0 else 20):
                 assert put(server.url, f"mp-{sent}", cluster="mp", updated_at=reported).status_code == 200
@@ -375,7 +375,7 @@ def test_cluster_health_and_stale_marks_are_exported(serve):
     before = value(scrape(api.url), "collector_stale_jobs_marked_total", rule="left_queue")
     assert requests.post(api.url + "/api/jobs", headers=headers, timeout=10, json={
         "job_id": "m-s1", "job_name": "n", "submitted_at": "2026-12-03T08:00:00Z", "cluster": "hpc"}).status_code == 201
-    body = {"probed_at": stamp(dt.datetime.now(dt.timezone.utc)), "queried_job_ids": ["m-s1"],
+    body = {"probed_at": stamp(dt.datetime.now(dt.UTC)), "queried_job_ids": ["m-s1"],
             "nodes": [{"name": "n1", "state": "down*"}], "partitions": [{"name": "p", "state": "up"}]}
     for _ in range(2):  # the second report, past the grace period, finds the job stale
         assert requests.put(api.url + "/api/clusters/hpc/status", json=body, headers=headers,

@@ -87,7 +87,7 @@ def test_received_at_revision_fills_existing_jobs_and_keeps_their_events(new_dat
     url = new_database()
     migrations.upgrade(url, "0005")
     engine = create_engine(url, poolclass=NullPool)
-    stamped = dt.datetime(2026, 12, 1, 8, 30, 15, 250000, tzinfo=dt.timezone.utc)
+    stamped = dt.datetime(2026, 12, 1, 8, 30, 15, 250000, tzinfo=dt.UTC)
     try:
         with engine.begin() as conn:
             # Raw SQL: the model already has the column this revision adds.

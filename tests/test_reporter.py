@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 from collector.contract import JobStage
 from collector.contract import JobStatus
@@ -201,8 +200,8 @@ def test_every_endpoint_gets_everything_one_after_another(api, second_api):
 
 
 def test_the_reporters_statuses_and_stages_are_the_contracts():
-    assert STATUSES == tuple(s.value for s in JobStatus)
-    assert STAGES == tuple(s.value for s in JobStage)
+    assert tuple(s.value for s in JobStatus) == STATUSES
+    assert tuple(s.value for s in JobStage) == STAGES
 
 
 def test_env_helpers(monkeypatch):

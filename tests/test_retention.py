@@ -12,7 +12,7 @@ from tests.processes import run
 
 
 def _ago(days: float) -> str:
-    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)).isoformat().replace("+00:00", "Z")
+    return (dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).isoformat().replace("+00:00", "Z")
 
 
 def _job(server, job_id: str, *, cluster: str, status: str, days_ago: float, log: bytes = b"") -> None:

@@ -37,7 +37,7 @@ def stamp(moment: dt.datetime) -> str:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def last_report(message: str, before: dt.datetime, after: dt.datetime) -> str:

@@ -7,7 +7,6 @@ import os
 import random
 import string
 import time
-import uuid
 
 from collector.reporter.streamer import FINAL_TIMEOUT
 from collector.reporter.streamer import LogStreamer
@@ -17,10 +16,10 @@ from tests.reporting import HANG
 from tests.reporting import closed_port_url
 from tests.reporting import log_files
 from tests.reporting import new_id
-from tests.reporting import wait_for
 from tests.reporting import recorder  # noqa: F401 - fixture
 from tests.reporting import second_api  # noqa: F401 - fixture
 from tests.reporting import second_database  # noqa: F401 - fixture
+from tests.reporting import wait_for
 
 MiB = 1 << 20
 

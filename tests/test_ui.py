@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import http.client
-import socket
 import http.server
 import os
 import re
+import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from sqlalchemy import text
 
 from collector import guard
@@ -38,7 +37,7 @@ WAIT_MS = 10_000
 OCTET = {"Content-Type": "application/octet-stream"}
 CLUSTERS = ("b200", "gb300")
 # Three hours ago on the minute: recent enough for the screenshots to look like a working day.
-START = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0) - dt.timedelta(hours=3)
+START = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(hours=3)
 LINE = 113  # bytes per line of the large log
 # A cluster stream re-reads the clusters every second (collector/api/cluster_stream.py): a
 # probe report is on the page a second or two later.
@@ -67,7 +66,7 @@ def test_every_file_the_page_loads_is_served_and_open():
     page = (ROOT / "ui" / "index.html").read_text()
     loaded = set(re.findall(r'(?:src|href)="([^"]+)"', page)) - {"data:,"}
     assert {"/" + name for name in loaded} == set(ui.FILES) - {"/", "/index.html"}
-    assert guard.PAGE_PATHS == set(ui.FILES)
+    assert set(ui.FILES) == guard.PAGE_PATHS
     assert {path.name for path in (ROOT / "ui").iterdir()} == {name for name, _ in ui.FILES.values()}
 
 
@@ -217,7 +216,7 @@ def upload_log(api, job_id, file, offset, data, cluster):
 def test_table_pages_with_status_words_and_token_from_fragment(collector, page):
     seed(collector)
     # Started five seconds ago, so its elapsed time shows seconds.
-    started = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    started = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
     put(collector, "1056", "benchmark", stage="benchmark", message="Running benchmark", started_at=started,
         updated_at=at(116), metadata={"cluster": "b200"})
     reported(collector, "b200")
@@ -466,7 +465,7 @@ def test_a_silent_probe_is_shown_as_such_live(collector, database, page):
     reported(collector, "b200", interval_s=30)
     open_page(page, collector)
     wait_for_chips(page, [["b200", "available", None, None], ["gb300", "no probe", None, None]])
-    last = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=10)
+    last = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=10)
     with database.engine.begin() as conn:  # ten minutes without a report
         conn.execute(text("UPDATE cluster_probes SET received_at = :t"),
                      {"t": last if database.is_postgres else last.replace(tzinfo=None)})

@@ -10,9 +10,10 @@ revision keeps working when the models move on) and a portable boolean default.
 
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision = "0001"
 down_revision = None

@@ -12,8 +12,9 @@ counting them, so stop writers (or re-run `collector db recount`) around the upg
 
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
+
+from alembic import op
 
 revision = "0002"
 down_revision = "0001"

@@ -11,8 +11,9 @@ the default, otherwise). Column compression is not something autogenerate compar
 
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
+
+from alembic import op
 
 revision = "0003"
 down_revision = "0002"

@@ -11,9 +11,10 @@ probe endpoint (PUT /api/clusters/{cluster}/status) is the only writer.
 
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision = "0005"
 down_revision = "0004"

@@ -23,8 +23,9 @@ follow the rules of collector/store/clusters.py, frozen here as literals: silent
 
 from __future__ import annotations
 
-from alembic import op
 import sqlalchemy as sa
+
+from alembic import op
 
 revision = "0006"
 down_revision = "0005"

@@ -13,8 +13,8 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from werkzeug.exceptions import ClientDisconnected
 
-from collector.contract import Identifier
 from collector.contract import NUL_FREE
+from collector.contract import Identifier
 from collector.errors import APIError
 from collector.errors import Unprocessable
 from collector.errors import validation_detail

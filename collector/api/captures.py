@@ -20,13 +20,13 @@ from collector.contract import CaptureFileList
 from collector.contract import CaptureUploadResponse
 from collector.db import get_db
 from collector.db import transaction
-from collector.store import blobs
-from collector.store import captures as capture_store
-from collector.store import jobs as job_store
 from collector.openapi import BINARY
 from collector.openapi import JSON
 from collector.openapi import RAW
 from collector.openapi import operation
+from collector.store import blobs
+from collector.store import captures as capture_store
+from collector.store import jobs as job_store
 
 bp = Blueprint("captures", __name__, url_prefix="/api/jobs")
 
@@ -38,7 +38,7 @@ def upload_capture(job_id: str):
     job_id = checked_job_id(job_id)
     query = parse_query(CaptureUploadQuery)
     data = read_body()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def store(conn):
         job_pk, _, created = job_store.ensure(conn, job_id, query.cluster, now)

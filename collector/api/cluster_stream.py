@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 
 from flask import Blueprint
-from flask import Response
 from flask import current_app
 
 from collector import fanout
@@ -43,7 +42,7 @@ class Snapshots:
         """The newest snapshot (version, one frame per cluster), re-read when older than SNAPSHOT_AGE_S."""
         with self._lock:
             if time.monotonic() - self._read_at >= SNAPSHOT_AGE_S:
-                now = dt.datetime.now(dt.timezone.utc)
+                now = dt.datetime.now(dt.UTC)
                 states = self.database.run(lambda conn: cluster_store.states(conn, now))
                 frames = {state.cluster: _frame(state.model_dump_json()) for state in states}
                 if frames != self.frames:

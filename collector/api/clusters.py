@@ -40,7 +40,7 @@ def checked_cluster(cluster: str) -> str:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 @bp.get("")

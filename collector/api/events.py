@@ -9,8 +9,8 @@ from collector.api import respond
 from collector.api.queries import FeedQuery
 from collector.contract import EventFeedResponse
 from collector.db import transaction
-from collector.store import events as event_store
 from collector.openapi import operation
+from collector.store import events as event_store
 
 bp = Blueprint("events", __name__, url_prefix="/api/events")
 

@@ -17,19 +17,19 @@ from collector.api.queries import EventQuery
 from collector.api.queries import JobListQuery
 from collector.contract import DeleteResponse
 from collector.contract import JobCreatePayload
+from collector.contract import JobDetail
 from collector.contract import JobEventListResponse
 from collector.contract import JobListResponse
 from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
 from collector.contract import format_timestamp
 from collector.db import transaction
+from collector.openapi import JSON
+from collector.openapi import operation
 from collector.store import events as event_store
 from collector.store import job_list
 from collector.store import jobs as job_store
 from collector.store.jobs import WriteResult
-from collector.contract import JobDetail
-from collector.openapi import JSON
-from collector.openapi import operation
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
 log = logging.getLogger("collector.jobs")

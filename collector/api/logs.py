@@ -22,12 +22,12 @@ from collector.contract import LogFile
 from collector.contract import LogFileList
 from collector.contract import LogUploadResponse
 from collector.db import transaction
-from collector.store import jobs as job_store
-from collector.store import logs as log_store
 from collector.openapi import BINARY
 from collector.openapi import JSON
 from collector.openapi import RAW
 from collector.openapi import operation
+from collector.store import jobs as job_store
+from collector.store import logs as log_store
 
 bp = Blueprint("logs", __name__, url_prefix="/api/jobs")
 
@@ -38,7 +38,7 @@ bp = Blueprint("logs", __name__, url_prefix="/api/jobs")
 def upload_logs(job_id: str):
     """Store log bytes at their source offset (raw body, or the legacy JSON chunk list)."""
     job_id = checked_job_id(job_id)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     if request.mimetype == "application/json":
         legacy = parse_body(LegacyLogPayload)
         cluster = (legacy.metadata.cluster if legacy.metadata else None) or parse_query(ClusterQuery).cluster

@@ -18,10 +18,10 @@ from collector.api.queries import StreamQuery
 from collector.db import transaction
 from collector.errors import APIError
 from collector.errors import Unprocessable
-from collector.store import jobs as job_store
 from collector.openapi import EVENT_STREAM
 from collector.openapi import SSE
 from collector.openapi import operation
+from collector.store import jobs as job_store
 
 bp = Blueprint("streams", __name__)
 RESUME = {"Last-Event-ID": "resume after this event id (wins over ?after=)"}

@@ -13,12 +13,12 @@ from sqlalchemy import inspect
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
+from collector.api import respond
+from collector.contract import HealthResponse
+from collector.contract import ReadyResponse
 from collector.db import get_db
 from collector.migrations import head_revision
 from collector.migrations import is_behind
-from collector.contract import HealthResponse
-from collector.contract import ReadyResponse
-from collector.api import respond
 from collector.openapi import JSON
 from collector.openapi import operation
 from collector.openapi import served

@@ -17,7 +17,7 @@ STAGES = ("starting", "head_infrastructure", "preflight", "workers", "frontend",
 
 def now() -> str:
     """The current UTC time as the reporter sends it: ISO 8601 with ``Z``."""
-    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def failed_message(exit_code: int) -> str:

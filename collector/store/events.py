@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+from sqlalchemy import Connection
 from sqlalchemy import insert
 from sqlalchemy import select
-from sqlalchemy import Connection
 
 from collector.contract import JobEventRecord
 from collector.models import Job

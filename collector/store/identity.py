@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy import bindparam
 from sqlalchemy import select
-from sqlalchemy import Connection
 
 from collector.errors import Conflict
 from collector.errors import NotFound

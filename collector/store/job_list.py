@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sqlalchemy import Connection
 from sqlalchemy import ColumnElement
+from sqlalchemy import Connection
+from sqlalchemy import Text
 from sqlalchemy import and_
 from sqlalchemy import case
 from sqlalchemy import exists
@@ -15,7 +16,6 @@ from sqlalchemy import literal
 from sqlalchemy import literal_column
 from sqlalchemy import or_
 from sqlalchemy import select
-from sqlalchemy import Text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from collector.contract import JobStatus

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from sqlalchemy import delete
 from sqlalchemy import Connection
+from sqlalchemy import delete
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobDetail
@@ -74,7 +74,7 @@ def _new_row(**fields) -> JobRow:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _triple(row: JobRow) -> tuple[str, str | None, str | None]:

@@ -20,8 +20,8 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from collector.models import JSONDocument
 from collector.models import Job
+from collector.models import JSONDocument
 from collector.models import UTCDateTime
 
 JOBS = Job.__table__
@@ -150,7 +150,7 @@ def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         for name in _TIMESTAMPS:
             if row[name] is not None:
-                row[name] = row[name].astimezone(dt.timezone.utc)
+                row[name] = row[name].astimezone(dt.UTC)
     return rows
 
 
