@@ -35,6 +35,12 @@ _STILL_HELD = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory
                "AND classid = %s AND objid = 0 AND objsubid = 2 AND granted)")
 
 
+def _single(conn: psycopg.Connection[tuple[object, ...]], sql: str) -> bool:
+    """The one boolean ``sql`` (about the sweeper's lock) answers."""
+    row = conn.execute(sql, (SWEEPER_LOCK,)).fetchone()
+    return row is not None and bool(row[0])
+
+
 class Leadership(Protocol):
     """A lock held for as long as this process is the sweeper."""
 
@@ -68,7 +74,7 @@ class AdvisoryLock:
             return False
         self._unreachable = False
         try:
-            taken = conn.execute(_TRY_LOCK, (SWEEPER_LOCK,)).fetchone()[0]
+            taken = _single(conn, _TRY_LOCK)
         except psycopg.Error as exc:
             conn.close()
             self._warn_unreachable(exc)
@@ -87,13 +93,15 @@ class AdvisoryLock:
             conn.close()
 
     def _still_held(self) -> bool:
+        if self._conn is None:
+            return False
         try:
-            return bool(self._conn.execute(_STILL_HELD, (SWEEPER_LOCK,)).fetchone()[0])
+            return _single(self._conn, _STILL_HELD)
         except psycopg.Error as exc:
             log.warning("the stale-job sweeper's lock connection failed: %s", str(exc).strip().splitlines()[0])
             return False
 
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         engine = self.database.engine
         args, kwargs = engine.dialect.create_connect_args(engine.url)
         # Keepalives: a lock holder behind a dead network path must notice, not wait forever.
