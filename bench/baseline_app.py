@@ -144,7 +144,7 @@ def list_jobs():
             [*params, per_page, (page - 1) * per_page],
         )
         names = [c.name for c in cur.description]
-        jobs = [dict(zip(names, row)) for row in cur]
+        jobs = [dict(zip(names, row, strict=True)) for row in cur]
     return reply({"jobs": jobs, "total": total, "page": page, "per_page": per_page})
 
 
@@ -156,12 +156,12 @@ def detail(job_id: str):
         row = cur.fetchone()
         if row is None:
             return reply({"detail": "not found"}, 404)
-        job = dict(zip([c.name for c in cur.description], row))
+        job = dict(zip([c.name for c in cur.description], row, strict=True))
         events = conn.execute(
             "SELECT id, status, stage, message, created_at FROM job_events WHERE job_pk = %s ORDER BY id",
             (job["id"],),
         ).fetchall()
-    job["events"] = [dict(zip(("id", "status", "stage", "message", "created_at"), e)) for e in events]
+    job["events"] = [dict(zip(("id", "status", "stage", "message", "created_at"), e, strict=True)) for e in events]
     return reply(job)
 
 
@@ -175,7 +175,7 @@ def feed():
             (after, limit),
         ).fetchall()
     names = ("id", "job_id", "cluster", "status", "stage", "message", "created_at")
-    events = [dict(zip(names, row)) for row in rows]
+    events = [dict(zip(names, row, strict=True)) for row in rows]
     return reply({"events": events, "next_cursor": events[-1]["id"] if events else (after or None)})
 
 

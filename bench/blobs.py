@@ -74,7 +74,7 @@ def upload_log(session: requests.Session, url: str, job_id: str, name: str, chun
     for i, chunk in enumerate(chunks):
         if time.monotonic() > deadline:
             raise BlobFailure(f"log upload passed its time limit at offset {offset}")
-        params = {"file": name, "offset": offset}
+        params: dict[str, str | int] = {"file": name, "offset": offset}
         if i == len(chunks) - 1:
             params["final"] = 1
         r = session.post(f"{url}/api/jobs/{job_id}/logs", params=params, data=chunk,
@@ -115,8 +115,8 @@ def logs_tail(url: str, token: str, *, file_mib: int, samples: int, warmup: int,
                     raise BlobFailure(f"logs_tail passed its {time_limit:.0f} s limit after {i} reads of each")
                 offset = offsets[which]
                 t0 = time.perf_counter()
-                r = session.get(f"{url}/api/jobs/{job_id}/logs", params={"file": name, "offset": offset},
-                                timeout=TIMEOUT)
+                where: dict[str, str | int] = {"file": name, "offset": offset}
+                r = session.get(f"{url}/api/jobs/{job_id}/logs", params=where, timeout=TIMEOUT)
                 body = r.content
                 elapsed_ms = (time.perf_counter() - t0) * 1000
                 _check(r, f"GET log {name} at {offset}")
@@ -261,8 +261,8 @@ def capture_rss(url: str, token: str, master: int, *, file_mib: int, time_limit:
                 if time.monotonic() > deadline:
                     raise BlobFailure(f"capture upload passed its time limit at offset {offset}")
                 t0 = time.perf_counter()
-                r = session.post(f"{url}/api/jobs/{job_id}/captures",
-                                 params={"file": name, "offset": offset, "total": total}, data=chunk,
+                chunk_at: dict[str, str | int] = {"file": name, "offset": offset, "total": total}
+                r = session.post(f"{url}/api/jobs/{job_id}/captures", params=chunk_at, data=chunk,
                                  headers={"Content-Type": "application/octet-stream"}, timeout=TIMEOUT)
                 last_ms = (time.perf_counter() - t0) * 1000
                 _check(r, f"POST capture {name} at {offset}")

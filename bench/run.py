@@ -200,11 +200,16 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
             hello = [wrk(baseline.url + "/hello", "paths", token="-", close=True, duration=args.duration,
                          connections=16, paths=_single(work, "/hello")) for _ in range(args.rounds)]
             rows.append(row("postgres", "hello (HTTP ceiling, fresh connections)", "-", None, median_result(hello)))
+
+            def empty_tables() -> None:
+                for target in targets:
+                    truncate(target[3])
+
             for name, mode, close in selected(args, WRITE_SCENARIOS):
                 compare(args, rows, name, "-", targets,
-                        lambda url, token: wrk(url, mode, token=token, close=close, duration=args.duration,
-                                               connections=16),
-                        before=lambda: [truncate(t[3]) for t in targets])
+                        lambda url, token, mode=mode, close=close: wrk(url, mode, token=token, close=close,
+                                                                       duration=args.duration, connections=16),
+                        before=empty_tables)
             for n in args.sizes if selected(args, READ_SCENARIOS) else []:
                 last = 0
                 for _, _, _, url in targets:
@@ -535,7 +540,8 @@ def table(rows: list[dict]) -> str:
     page = [r for r in rows if r.get("table") == "ui"]
     slow = [r for r in rows if r.get("table") == "slowclients"]
     rows = [r for r in rows if r.get("table") not in MEASURE_TABLES]
-    lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms | ratio req/s |",
+    lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms "
+             "| ratio req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c, b = r["collector"], r["baseline"]
@@ -589,7 +595,8 @@ def growth_lines(rows: list[dict]) -> list[str]:
             if len(sized) >= 2 and sized[0]["collector"] and sized[-1]["collector"]:
                 small, large = sized[0], sized[-1]
                 ratio = large["collector"]["p99_ms"] / max(small["collector"]["p99_ms"], 1e-9)
-                out.append(f"- {backend} {name}: p99 at {large['jobs']:,} jobs / p99 at {small['jobs']:,} = {ratio:.2f}")
+                out.append(f"- {backend} {name}: p99 at {large['jobs']:,} jobs / p99 at {small['jobs']:,} "
+                           f"= {ratio:.2f}")
     return out
 
 

@@ -93,6 +93,7 @@ def _sqlite_time(value: dt.datetime) -> str:
 def seed_sqlite(url: str, n: int) -> int:
     """The same seed for a SQLite file."""
     path = make_url(url).database
+    assert path is not None, url
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DELETE FROM job_events")

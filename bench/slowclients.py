@@ -65,6 +65,13 @@ def _binary(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
 
 
+def _found(name: str) -> str:
+    """The path of a tool the scenario made sure is there (see above)."""
+    path = _binary(name)
+    assert path is not None, f"{name} not found"
+    return path
+
+
 def raise_fd_limit(needed: int) -> int:
     """Raise this process's soft RLIMIT_NOFILE to ``needed`` (children inherit it); returns the new limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -94,7 +101,7 @@ def _free_ports(count: int) -> list[int]:
 def make_certificate(directory: Path) -> None:
     """fullchain.pem and privkey.pem in ``directory``: a self-signed certificate for 127.0.0.1."""
     subprocess.run(
-        [_binary("openssl"), "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        [_found("openssl"), "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
          "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
          "-keyout", str(directory / "privkey.pem"), "-out", str(directory / "fullchain.pem")],
         check=True, capture_output=True, timeout=30,
@@ -149,7 +156,7 @@ class Nginx:
         self.root = root
         self.url = f"https://127.0.0.1:{https_port}"
         config = nginx_config(root, upstream, https_port, redirect_port)
-        args = [_binary("nginx"), "-p", f"{root}/", "-c", str(config), "-e", str(root / "error.log")]
+        args = [_found("nginx"), "-p", f"{root}/", "-c", str(config), "-e", str(root / "error.log")]
         checked = subprocess.run([*args, "-t"], capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
             raise SlowFailure(f"nginx -t: {checked.stderr}")
@@ -223,6 +230,7 @@ class Target:
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
+        assert parts.hostname is not None and parts.port is not None, url
         return cls(parts.hostname, parts.port, context)
 
 
@@ -366,6 +374,7 @@ async def _phase(side: Side, url: str, health: str, *, slow: int, token: str, in
         await asyncio.sleep(interval)
         side.open_during.append(hold.open())
         if rss and side.rss_mib is None:  # the first hold: nginx keeps memory it has grown to
+            assert idle is not None  # measured above whenever rss is given
             side.rss_mib = (idle, await asyncio.to_thread(rss))
         side.with_.append(await asyncio.to_thread(writes, url, duration))
     finally:
@@ -393,7 +402,8 @@ def measure(upstream_url: str, token: str, work: Path, *, slow: int, interval: f
     """Rounds of (through nginx, then straight to gunicorn if ``direct``); ``writes(url, seconds)``
     returns a wrk Result and ``before()`` empties the tables."""
     raise_fd_limit(4 * slow + 4096)
-    requests.packages.urllib3.disable_warnings()  # the bench's self-signed certificate
+    # The bench's self-signed certificate. requests re-exports urllib3 at run time; its stubs do not say so.
+    requests.packages.urllib3.disable_warnings()  # type: ignore[attr-defined]
     nginx = Nginx(work / "nginx", upstream_url.removeprefix("http://"))
     sides = [Side("nginx")] + ([Side("gunicorn")] if direct else [])
     urls = {"nginx": nginx.url, "gunicorn": upstream_url}

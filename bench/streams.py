@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -166,6 +167,7 @@ async def paced(url: str, token: str, rate: float, duration: float, request: Cal
     a fresh connection each (like the srtctl reporter), on schedule whatever the answers do."""
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port
+    assert host is not None and port is not None, url
     count = max(int(rate * duration), 1)
     puts: list[Put | None] = [None] * count
 
@@ -188,7 +190,7 @@ async def paced(url: str, token: str, rate: float, duration: float, request: Cal
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i, at)))  # never waits for an answer
     await asyncio.gather(*tasks)
-    finished = max(started + p.latency_s + (i / rate) for i, p in enumerate(puts))
+    finished = max(started + p.latency_s + (i / rate) for i, p in enumerate(puts) if p is not None)
     return Paced([p for p in puts if p is not None], started, finished)
 
 
@@ -245,6 +247,7 @@ class _Subscriber(asyncio.Protocol):
                 self.status = -1
             if self.status != 200:
                 self.error = f"HTTP {self.status}: {self.buffer[end + 4:][:200].decode(errors='replace')}"
+                assert self.transport is not None  # data arrives only once connected
                 self.transport.close()
                 self.changed.set()
                 return
@@ -296,10 +299,8 @@ async def _subscribe(host: str, port: int, token: str, count: int, time_limit: f
     await asyncio.gather(*(connect(s) for s in subs))
     while not all(s.settled for s in subs) and time.monotonic() < settle_by:
         changed.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), 1.0)
-        except TimeoutError:
-            pass
     ok = sum(1 for s in subs if s.ready and not s.error)
     errors = [s.error or "no preamble within 30 s" for s in subs if not s.ready or s.error]
     _say("READY", ok, count - ok, json.dumps(errors[0] if errors else ""))
@@ -366,7 +367,8 @@ class Subscribers:
 
     def __init__(self, url: str, token: str, count: int, *, time_limit: float, env: dict[str, str]) -> None:
         parts = urlsplit(url)
-        self._stderr = tempfile.TemporaryFile()
+        assert parts.hostname is not None, url
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed once the subscriber ends
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.streams", "subscribe", parts.hostname, str(parts.port), token, str(count),
              str(time_limit)],
@@ -375,6 +377,7 @@ class Subscribers:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None  # a pipe
         for line in self.proc.stdout:
             self._lines.put(line)
         self._lines.put(None)
@@ -392,6 +395,7 @@ class Subscribers:
         return line.split(maxsplit=fields + 1 if fields >= 0 else -1)[1:]
 
     def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None  # a pipe
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
 
@@ -521,7 +525,7 @@ def check_phase(received: Received, events: dict[int, Key], puts: list[Put] | No
     latencies: list[float] = []
     streams = [s for s in received.streams if s.ready]
     for s in streams:
-        got = [(i, t) for i, t in zip(s.ids, s.times) if low <= i <= high]
+        got = [(i, t) for i, t in zip(s.ids, s.times, strict=True) if low <= i <= high]
         ids = {i for i, _ in got}
         duplicates += len(got) - len(ids)
         missing += len(expected - ids)
@@ -639,9 +643,9 @@ def measure(url: str, token: str, master: int, db_url: str, *, subscribers: int,
     """
     started = time.monotonic()
     result = StreamsRun(subscribers, rate, duration, rounds)
-    workers = os.cpu_count() * 2  # deploy/gunicorn.conf.py's default (the bench sets no COLLECTOR_WORKERS)
+    workers = (os.cpu_count() or 1) * 2  # deploy/gunicorn.conf.py's default (the bench sets no COLLECTOR_WORKERS)
     wait_s = max(10.0, duration * 4)
-    cores = os.cpu_count()
+    cores = os.cpu_count() or 1
 
     def warm_up() -> None:
         fresh_workers(master, workers, set())
@@ -699,7 +703,8 @@ def measure(url: str, token: str, master: int, db_url: str, *, subscribers: int,
                 behind, seconds, _closed = sub.wait(max(max_events), max(wait_s, 60))
                 result.catch_up_s.append(seconds)
                 if behind:
-                    result.problems.append(f"{behind} streams still behind {seconds:.0f} s after the max-throughput run")
+                    result.problems.append(
+                        f"{behind} streams still behind {seconds:.0f} s after the max-throughput run")
             result.rss["after"].append(rss(master))
             received = sub.stop()
         finally:
@@ -796,7 +801,7 @@ def report(result: StreamsRun) -> list[tuple[str, float | None, float | None, st
     def per_put(who: str, side: str) -> float | None:
         # CPU ms per PUT of each max-throughput run (its CPU and its wrk summary were recorded together)
         values = result.cpu.get((who, "max", side), [])
-        pairs = list(zip(values, result.max_load[side]))
+        pairs = list(zip(values, result.max_load[side], strict=False))  # no CPU recorded: no pairs
         return med(10 * c / r.requests_per_s for c, r in pairs) if pairs else None
 
     for who in ("workers", "subscribers", "postgres", "other"):
@@ -836,7 +841,8 @@ def notes(result: StreamsRun) -> list[str]:
                        f"p50 {_percentile(lat, 50) * 1000:.0f} ms, p99 {_percentile(lat, 99) * 1000:.0f} ms")
     for side, loads in result.max_load.items():
         if loads:
-            out.append(f"- max PUT req/s, {MAX_SIDES[side]}, per round: " + ", ".join(f"{r.requests_per_s:.0f}" for r in loads))
+            out.append(f"- max PUT req/s, {MAX_SIDES[side]}, per round: "
+                       + ", ".join(f"{r.requests_per_s:.0f}" for r in loads))
     if result.rss["connected"]:
         out.append(f"- worker threads with streams open (one per stream + the pool's), per worker: "
                    f"{result.rss['connected'][0].threads} (before: {result.rss['idle'][0].threads})")

@@ -33,6 +33,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime as dt
+import itertools
 import math
 import os
 import statistics
@@ -186,7 +187,7 @@ class Frames:
 
     @property
     def gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+        return [b - a for a, b in itertools.pairwise(self.stamps)]
 
     @property
     def seconds(self) -> float:
@@ -322,8 +323,8 @@ def _cpu_now(server_pid: int | None) -> Cpu:
             continue
         kind = next((a.removeprefix("--type=") for a in argv if a.startswith("--type=")), "browser")
         browser[kind] = browser.get(kind, 0.0) + streams.cpu_seconds([pid])
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
     busy, total = streams.machine_ticks()
     return Cpu(time.monotonic(), browser, streams.cpu_seconds(sorted(server)), streams.postgres_cpu_seconds(),
                busy, ticks[7], total)
@@ -519,6 +520,13 @@ def _pct(values: list[float], pct: float) -> float | None:
     return ordered[max(math.ceil(pct / 100 * len(ordered)) - 1, 0)] if ordered else None
 
 
+def _pct_ms(seconds: list[float], pct: float) -> float:
+    """The ``pct`` percentile of some (not no) durations in seconds, in ms."""
+    value = _pct(seconds, pct)
+    assert value is not None, "no values"
+    return value * 1000
+
+
 def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
@@ -539,6 +547,7 @@ def report(run: UiRun) -> list[tuple[str, float | None, float | None, str]]:
     rows.append((f"next page -> its rows shown, ms, median of {len(run.page_ms)} (vs the GET /api/jobs alone)",
                  med(run.page_ms), _median(run.page_request_ms), "<= 500"))
     idle, loaded = run.idle, run.loaded
+    assert idle is not None and loaded is not None, "the report of a run that measured frames"
     rate = f"{run.rate:g} events/s"
     rows.append((f"frames per second under {rate} (vs idle)", loaded.fps, idle.fps, "-"))
     rows.append((f"dropped frames, % of frames more than {DROPPED_GAP_MS:.1f} ms after the last, under {rate} "
@@ -570,17 +579,18 @@ def report(run: UiRun) -> list[tuple[str, float | None, float | None, str]]:
     rows.append((f"machine: stolen by the hypervisor, % of its {cores} cores, under {rate} (vs idle)",
                  run.cpu_loaded.get("machine steal"), run.cpu_idle.get("machine steal"), "-"))
     paced = run.paced
+    assert paced is not None, "the report of a run that sent PUTs"
     rows.append((f"paced PUTs: achieved req/s of {run.rate:g}, fresh connections (each one event)",
                  paced.achieved_rate, run.rate, "-"))
     if run.shown_lag_s:
         for pct in (50, 99):
             rows.append((f"event text in the live feed, ms after its PUT answered, p{pct} of "
-                         f"{len(run.shown_lag_s):,}", _pct(run.shown_lag_s, pct) * 1000, None,
+                         f"{len(run.shown_lag_s):,}", _pct_ms(run.shown_lag_s, pct), None,
                          "-" if pct == 50 else "<= 1000"))
     if run.row_lag_s:
         for pct in (50, 99):
             rows.append((f"event's row updated in the table, ms after its PUT answered, p{pct} of "
-                         f"{len(run.row_lag_s):,}", _pct(run.row_lag_s, pct) * 1000, None,
+                         f"{len(run.row_lag_s):,}", _pct_ms(run.row_lag_s, pct), None,
                          "-" if pct == 50 else "<= 1000"))
     rows.append(("last PUT's job updated in the table, s after its answer", run.last_lag_s, None,
                  f"<= {SHOWN_WITHIN_S:g}"))

@@ -18,8 +18,14 @@ import threading
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from werkzeug.wsgi import ClosingIterator
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse
+    from _typeshed.wsgi import WSGIApplication
+    from _typeshed.wsgi import WSGIEnvironment
 
 from collector.guard import request_id_for
 
@@ -49,7 +55,7 @@ class _Slot:
 class Admission:
     """WSGI middleware: hold a slot from the call until the server closes the response."""
 
-    def __init__(self, app: Callable, limit: int, queue_timeout_s: float = 5.0,
+    def __init__(self, app: WSGIApplication, limit: int, queue_timeout_s: float = 5.0,
                  on_shed: Callable[[], None] | None = None) -> None:
         self.app = app
         # Settings.check() refuses a limit under 1 before serving; building the app must not fail first.
@@ -57,7 +63,7 @@ class Admission:
         self.queue_timeout_s = queue_timeout_s
         self._on_shed = on_shed
 
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         # A stream holds its thread for minutes and has its own cap (max_streams).
         if environ.get("PATH_INFO", "").endswith(STREAM_SUFFIX):
             return self.app(environ, start_response)
@@ -76,7 +82,7 @@ class Admission:
         weakref.finalize(closing, slot.release)
         return closing
 
-    def _shed(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def _shed(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self._on_shed is not None:
             self._on_shed()
         detail = (f"the server is busy: this request waited more than {self.queue_timeout_s:g} s for a free "

@@ -34,7 +34,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     app = Flask(__name__, static_folder=None)
     app.config["COLLECTOR_SETTINGS"] = settings
-    app.json.sort_keys = False
+    # The provider is Flask's DefaultJSONProvider, which has sort_keys; the declared base has not.
+    app.json.sort_keys = False  # type: ignore[attr-defined]
     guard.init_app(app, settings)
     errors.init_app(app)
     database = db.Database(settings)
@@ -47,8 +48,9 @@ def create_app(settings: Settings | None = None) -> Flask:
                       streams.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
-    app.wsgi_app = Admission(app.wsgi_app, settings.request_threads, settings.queue_timeout_s,
-                              on_shed=metrics.request_shed)
+    # Replacing wsgi_app is Flask's documented way to add WSGI middleware; mypy sees a method.
+    app.wsgi_app = Admission(  # type: ignore[method-assign]
+        app.wsgi_app, settings.request_threads, settings.queue_timeout_s, on_shed=metrics.request_shed)
     logger = logging.getLogger("collector")
     if logger.level == logging.NOTSET:
         # INFO by default (one line per transition); a logging config that set a level wins.

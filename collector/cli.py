@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+from typing import cast
 
 import click
 
@@ -11,6 +13,10 @@ from collector.reporter.cli import client_commands
 from collector.settings import Settings
 from collector.settings import SettingsError
 from collector.settings import database_url
+
+if TYPE_CHECKING:
+    from collector.probe import ProbeThread
+    from collector.serving import GunicornArbiter
 
 log = logging.getLogger("collector")
 
@@ -25,17 +31,20 @@ def main() -> None:
 @click.option("--port", type=int, default=None, help="Port to bind (default 8080; 0 picks a free one).")
 @click.option("--db", "db", default=None, help="SQLite file path or SQLAlchemy URL.")
 @click.option("--token-env", default=None, help="Variable holding the write token (default SRTCTL_STATUS_TOKEN).")
-@click.option("--read-token-env", default=None, help="Variable holding the read token (default SRTCTL_STATUS_READ_TOKEN).")
+@click.option("--read-token-env", default=None,
+              help="Variable holding the read token (default SRTCTL_STATUS_READ_TOKEN).")
 @click.option("--allow-unauthenticated", is_flag=True, default=None, help="Serve without a token off loopback.")
-@click.option("--cors-origin", "cors_origins", multiple=True, help="Origin allowed to read from a browser; repeatable; '*' for any.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="Origin allowed to read from a browser; repeatable; '*' for any.")
 @click.option("--probe-cluster", default=None, metavar="NAME",
               help="Also probe Slurm cluster NAME from this host (sinfo/squeue), as `collector probe` would.")
 @click.option("--probe-interval", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds between probes of --probe-cluster.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="gunicorn worker processes (default: 1 on SQLite, 2 x CPUs on PostgreSQL).")
-def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors_origins, probe_cluster,
-          probe_interval, workers) -> None:
+def serve(host: str | None, port: int | None, db: str | None, token_env: str | None, read_token_env: str | None,
+          allow_unauthenticated: bool | None, cors_origins: tuple[str, ...], probe_cluster: str | None,
+          probe_interval: float, workers: int | None) -> None:
     """Serve the collector with gunicorn, as deployments do (one worker on SQLite by default)."""
     from collector import serving
 
@@ -66,9 +75,9 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
         get_db_of(app).dispose()
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    probes = []
+    probes: list[ProbeThread] = []
 
-    def ready(server) -> None:
+    def ready(server: GunicornArbiter) -> None:
         port = serving.listening_port(server)
         auth = "token required" if settings.write_token else "no token (open)"
         log.info("collector listening on http://%s:%d (%s, %s)", settings.host, port,
@@ -85,7 +94,7 @@ def serve(host, port, db, token_env, read_token_env, allow_unauthenticated, cors
     serving.CollectorServer(settings, when_ready=ready, on_stop=stopped).run()
 
 
-def _start_probe(cluster: str, interval: float, port: int, settings: Settings):
+def _start_probe(cluster: str, interval: float, port: int, settings: Settings) -> ProbeThread:
     from collector.probe import start_in_process
 
     # The probe talks to this very server, with its write token: over loopback when the
@@ -108,7 +117,8 @@ def _database_url(db: str | None) -> str:
     return database_url(db) if db else Settings.from_env().database_url
 
 
-db_option = click.option("--db", "db", default=None, help="SQLite file path or SQLAlchemy URL (default from COLLECTOR_DATABASE_URL).")
+db_option = click.option("--db", "db", default=None,
+                         help="SQLite file path or SQLAlchemy URL (default from COLLECTOR_DATABASE_URL).")
 
 
 @click.group("db")
@@ -119,7 +129,7 @@ def db_group() -> None:
 @db_group.command()
 @db_option
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
-def upgrade(db, revision) -> None:
+def upgrade(db: str | None, revision: str) -> None:
     """Upgrade the schema to the newest revision (or --revision)."""
     from collector import migrations
 
@@ -132,7 +142,7 @@ def upgrade(db, revision) -> None:
 @db_group.command(context_settings={"ignore_unknown_options": True})
 @db_option
 @click.argument("revision")
-def downgrade(db, revision) -> None:
+def downgrade(db: str | None, revision: str) -> None:
     """Downgrade the schema to REVISION (e.g. -1, or base)."""
     from collector import migrations
 
@@ -143,7 +153,7 @@ def downgrade(db, revision) -> None:
 
 @db_group.command()
 @db_option
-def current(db) -> None:
+def current(db: str | None) -> None:
     """Print the schema revision of the database and the one this code needs."""
     from sqlalchemy import create_engine
 
@@ -161,7 +171,7 @@ def current(db) -> None:
 
 @db_group.command()
 @db_option
-def recount(db) -> None:
+def recount(db: str | None) -> None:
     """Rebuild the per-cluster, per-status job counts from the jobs table."""
     from sqlalchemy import create_engine
 
@@ -181,7 +191,7 @@ def recount(db) -> None:
 @click.option("--password-env", metavar="VAR", default=None,
               help="Variable holding the role's password (needed to create the role; omit to only re-grant).")
 @click.argument("role")
-def grant_readonly(db, password_env, role) -> None:
+def grant_readonly(db: str | None, password_env: str | None, role: str) -> None:
     """Create or update LOGIN role ROLE that can read only the collector_api views (PostgreSQL)."""
     import os
 
@@ -207,7 +217,9 @@ def grant_readonly(db, password_env, role) -> None:
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            outcome = grants.grant_readonly(conn.connection.driver_connection, role, password)
+            # The URL is PostgreSQL's, whose driver here is psycopg.
+            driver = cast(psycopg.Connection, conn.connection.driver_connection)
+            outcome = grants.grant_readonly(driver, role, password)
     except grants.GrantError as exc:
         raise click.ClickException(str(exc)) from None
     except psycopg.Error as exc:
@@ -228,7 +240,8 @@ def grant_readonly(db, password_env, role) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=200, show_default=True,
               help="Jobs per transaction; writers get the database between batches.")
 @db_option
-def prune(days, cluster, status, logs_only, dry_run, batch_size, db) -> None:
+def prune(days: float, cluster: str | None, status: str | None, logs_only: bool, dry_run: bool, batch_size: int,
+          db: str | None) -> None:
     """Delete finished jobs (or only their logs and captures) older than a cutoff."""
     import datetime as dt
 

@@ -26,7 +26,7 @@ Name = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
 State = Annotated[str, Field(min_length=1, max_length=64)]
 
 
-class Health(str, enum.Enum):
+class Health(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and f-strings of a member
     """A cluster's health, by the rules of collector/health.py."""
 
     AVAILABLE = "available"
@@ -34,7 +34,7 @@ class Health(str, enum.Enum):
     UNAVAILABLE = "unavailable"
 
 
-class Phase(str, enum.Enum):
+class Phase(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and f-strings of a member
     """Where an active job is: not yet seen by Slurm, waiting in its queue, or running."""
 
     PREPARING = "preparing"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Iterable
 from typing import Annotated
 from typing import Any
 
@@ -23,7 +24,9 @@ from pydantic_core import PydanticCustomError
 MAX_ID_LENGTH = 255
 
 
-class JobStatus(str, enum.Enum):
+# Not StrEnum: str() and f-strings of a (str, Enum) member give "JobStatus.FAILED", of a StrEnum
+# member the value; keeping the base keeps every text that formats a member as it is.
+class JobStatus(str, enum.Enum):  # noqa: UP042
     """The stage a job is executing (entered, not finished)."""
 
     SUBMITTED = "submitted"
@@ -36,7 +39,7 @@ class JobStatus(str, enum.Enum):
     TIMEOUT = "timeout"
 
 
-class JobStage(str, enum.Enum):
+class JobStage(str, enum.Enum):  # noqa: UP042 - as JobStatus: StrEnum would change str() of a member
     """Execution stages of an srtctl sweep."""
 
     STARTING = "starting"
@@ -84,15 +87,16 @@ def _strip_blank(value: Any) -> Any:
 # A cluster name as both POST (``cluster``) and PUT (``metadata.cluster``) carry it:
 # surrounding blanks dropped, blank meaning "no cluster", as long as the column holds.
 ClusterName = Annotated[Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None, BeforeValidator(_strip_blank)]
-_CLUSTER_NAME = TypeAdapter(ClusterName)
+_CLUSTER_NAME: TypeAdapter[str | None] = TypeAdapter(ClusterName)
 # PostgreSQL's INTEGER: a larger exit code would be a database error, not a 422.
 ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
-def _nul_path(value: Any, path: tuple) -> tuple | None:
+def _nul_path(value: Any, path: tuple[object, ...]) -> tuple[object, ...] | None:
     """Where a NUL character hides in a JSON value (PostgreSQL text and jsonb refuse it)."""
     if isinstance(value, str):
         return path if "\x00" in value else None
+    items: Iterable[tuple[object, object]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from sqlalchemy import event
 from sqlalchemy import make_url
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from collector.settings import Settings
 from collector.store import pg_driver
@@ -66,7 +68,7 @@ def _mark_dead_connections(context: ExceptionContext) -> None:
 
 def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def on_connect(dbapi_connection, _record):
+    def on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # Let SQLAlchemy, not the driver, decide when a transaction begins.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -77,7 +79,7 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def on_begin(connection):
+    def on_begin(connection: Connection) -> None:
         # A deferred transaction that later writes can fail with SQLITE_BUSY without
         # waiting; writers take the lock at BEGIN so they queue on busy_timeout instead.
         immediate = connection.get_execution_options().get(WRITE_OPTION)
@@ -92,7 +94,7 @@ class Database:
         self.is_sqlite = settings.is_sqlite
         self._sqlite_writer = threading.Lock()
 
-    def _writer_turn(self, write: bool):
+    def _writer_turn(self, write: bool) -> contextlib.AbstractContextManager[object]:
         # SQLite admits one writer; a second one waits in SQLite's busy handler, which
         # sleeps in growing steps (up to 100 ms) and makes tail latency. Writers of this
         # process queue on a lock instead; other processes still meet busy_timeout.
@@ -135,7 +137,8 @@ def init_app(app: Flask, database: Database) -> None:
 
 def get_db() -> Database:
     """The current app's database."""
-    return current_app.extensions["collector.db"]
+    database: Database = current_app.extensions["collector.db"]
+    return database
 
 
 def transaction(work: Callable[[Connection], T], *, write: bool = False) -> T:
@@ -145,4 +148,5 @@ def transaction(work: Callable[[Connection], T], *, write: bool = False) -> T:
 
 def get_db_of(app: Flask) -> Database:
     """The database of ``app`` outside a request."""
-    return app.extensions["collector.db"]
+    database: Database = app.extensions["collector.db"]
+    return database

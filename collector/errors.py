@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Flask
 from flask import Response
@@ -12,6 +13,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import MethodNotAllowed
+
+from collector.store import errors as store_errors
 
 log = logging.getLogger("collector")
 # Seconds a client should wait after a 503 that names no other delay.
@@ -24,7 +28,7 @@ class APIError(Exception):
     status = 400
 
     def __init__(self, detail: str, *, status: int | None = None, headers: dict[str, str] | None = None,
-                 extra: dict | None = None) -> None:
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.detail = detail
         if status is not None:
@@ -33,19 +37,27 @@ class APIError(Exception):
         self.extra = extra or {}
 
 
-class NotFound(APIError):
-    status = 404
-
-
-class Conflict(APIError):
-    status = 409
-
-
 class Unprocessable(APIError):
     status = 422
 
 
-def error_response(status: int, detail: str, headers: dict[str, str] | None = None, **extra) -> Response:
+# The HTTP answer to each of the store's errors; a subclass takes its nearest listed base's.
+STORE_ERROR_STATUS: dict[type[store_errors.StoreError], int] = {
+    store_errors.NotFound: 404,
+    store_errors.Conflict: 409,
+    store_errors.Unprocessable: 422,
+}
+
+
+def store_error_status(exc: store_errors.StoreError) -> int:
+    """The status that answers ``exc``: its class's entry in STORE_ERROR_STATUS, else 400."""
+    for cls in type(exc).__mro__:
+        if cls in STORE_ERROR_STATUS:
+            return STORE_ERROR_STATUS[cls]
+    return 400
+
+
+def error_response(status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
     """Build the envelope response; every error path ends here."""
     body = {"detail": detail, "request_id": g.get("request_id"), **extra}
     response = Response(json.dumps(body), status=status, mimetype="application/json")
@@ -54,7 +66,7 @@ def error_response(status: int, detail: str, headers: dict[str, str] | None = No
     return response
 
 
-def validation_detail(exc: ValidationError, where: str, *, name: str | None = None) -> tuple[str, list[dict]]:
+def validation_detail(exc: ValidationError, where: str, *, name: str | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Summarise a pydantic error as one sentence plus a list of ``{loc, msg}`` entries.
 
     ``where`` is the request part (body, query, path); ``name`` names a lone value there.
@@ -73,19 +85,24 @@ def init_app(app: Flask) -> None:
     """Register the envelope for our errors, HTTP errors and anything unexpected."""
 
     @app.errorhandler(APIError)
-    def on_api_error(exc: APIError):
+    def on_api_error(exc: APIError) -> Response:
         return error_response(exc.status, exc.detail, exc.headers, **exc.extra)
 
+    @app.errorhandler(store_errors.StoreError)
+    def on_store_error(exc: store_errors.StoreError) -> Response:
+        return error_response(store_error_status(exc), exc.detail, **exc.data)
+
     @app.errorhandler(HTTPException)
-    def on_http_error(exc: HTTPException):
+    def on_http_error(exc: HTTPException) -> Response:
         headers = {}
-        if exc.code == 405 and exc.valid_methods:
+        # Only MethodNotAllowed (werkzeug's one 405) carries the methods the route allows.
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
             headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return error_response(exc.code or 500, exc.description or exc.name, headers)
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(PoolTimeout)
-    def on_database_unavailable(exc: Exception):
+    def on_database_unavailable(exc: Exception) -> Response:
         # Unreachable, restarting or overloaded database: the client should retry, and
         # the reporter's fire-and-forget retry treats 503 like a network error.
         log.warning("database unavailable [request_id=%s]: %s", g.get("request_id"), str(exc).splitlines()[0])
@@ -100,6 +117,6 @@ def init_app(app: Flask) -> None:
         return response
 
     @app.errorhandler(Exception)
-    def on_unexpected(exc: Exception):
+    def on_unexpected(exc: Exception) -> Response:
         log.exception("unhandled error [request_id=%s]", g.get("request_id"))
         return error_response(500, "internal server error; the request id is in the server log")

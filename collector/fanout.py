@@ -17,6 +17,7 @@ stream, so a slow client only slows itself.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -160,6 +161,7 @@ class Hub:
         with self._count_lock:
             self.open_streams -= 1
         metrics.stream_closed()
+        assert self._slots is not None  # released only after acquire() took a slot
         self._slots.release()
 
     def live_edge(self, timeout: float = 10.0) -> int:
@@ -216,10 +218,9 @@ class Hub:
     def _poll_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._closed and time.monotonic() < deadline:
-            try:
+            # The database is down too; the caller logged it.
+            with contextlib.suppress(Exception):
                 self._refresh()
-            except Exception:  # noqa: BLE001 - the database is down too; the caller logged it
-                pass
             self._poked.wait(min(self.settings.stream_poll_s, max(deadline - time.monotonic(), 0)))
             self._poked.clear()
 
@@ -337,4 +338,5 @@ def init_app(app: Flask, database: Database, settings: Settings) -> None:
 
 def get_hub(app: Flask | None = None) -> Hub:
     """The hub of ``app`` (default: the current app)."""
-    return (app or current_app).extensions["collector.streams"]
+    hub: Hub = (app or current_app).extensions["collector.streams"]
+    return hub

@@ -62,7 +62,9 @@ def grant_readonly(conn: psycopg.Connection, role: str, password: str | None) ->
         cur.execute(sql.SQL("CREATE ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION{}")
                     .format(ident, secret))
     schema = sql.Identifier(API_SCHEMA)
-    database = cur.execute("SELECT current_database()").fetchone()[0]
+    row = cur.execute("SELECT current_database()").fetchone()
+    assert row is not None  # the query answers exactly one row
+    database = row[0]
     for statement in (
         # A second line of defence: even a stray grant elsewhere cannot be used to write.
         sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(ident),

@@ -21,7 +21,8 @@ from collector.settings import Settings
 # page (and its files, collector/ui.py), the API's description, and (unless
 # COLLECTOR_METRICS_AUTH=token) the metrics.
 METRICS_PATH = "/metrics"
-PAGE_PATHS = frozenset({"/", "/index.html", "/app.css", "/client.js", "/live.js", "/blobs.js", "/app.js"})
+PAGE_PATHS = frozenset({"/", "/index.html", "/app.css", "/util.js", "/client.js", "/live.js", "/blobs.js",
+                        "/state.js", "/table.js", "/clusters.js", "/detail.js", "/feed.js", "/app.js"})
 OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/api/openapi.json", METRICS_PATH}) | PAGE_PATHS
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CORS_METHODS = "GET, HEAD, OPTIONS"

@@ -1,4 +1,4 @@
-"""A cluster's status and detail, derived from one probe report (pure; the rules of seed 002).
+"""A cluster's status and detail, derived from one probe report (pure; the rules below).
 
 ``derive(error, nodes, partitions) -> (status, detail)``:
 
@@ -23,7 +23,7 @@ src/common/slurm_protocol_defs.c, lowercased), or ``%t``, or the ``+``-joined St
 
 - one-character suffixes, all impairments: ``*`` not responding, ``~`` powered off, ``#``
   powering up, ``!`` pending power down, ``%`` powering down, ``$`` maintenance, ``@`` pending
-  reboot, ``^`` reboot issued, ``-`` planned (the brief counts planned as not active);
+  reboot, ``^`` reboot issued, ``-`` planned (a node planned for a job is not free for others, so not active);
 - ``allocated+`` (allocated and completing) is healthy: a bare trailing ``+`` names no flag;
 - ``+FLAG`` extras (``idle+drain``, ``mixed+maintenance``): impairments unless harmless
   (``completing``, ``reserved``/``res``, ``cloud``, ``dynamic_norm``, ``perfctrs``); an unknown

@@ -7,11 +7,13 @@ the sweeper dies another one takes over within one interval.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from flask import Flask
 
@@ -27,14 +29,38 @@ log = logging.getLogger("collector.stale")
 # sweeper role up within this long (the interval may be a minute).
 _TICK = 0.1
 
+# What time it is for the sweep: the wall clock in UTC, or a test's fake one.
+Clock = Callable[[], dt.datetime]
+
+
+def utc_now() -> dt.datetime:
+    """The wall clock, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What one sweep saw: the moment it swept at, the jobs stale then, and how many of them it marked."""
+
+    at: dt.datetime
+    candidates: tuple[stale.Candidate, ...]
+    marked: int
+
 
 class Janitor:
     """Runs the stale-job sweep in the process that serves while it is the sweeper, until the server shuts down."""
 
-    def __init__(self, database: Database, settings: Settings, hub: fanout.Hub) -> None:
+    def __init__(self, database: Database, settings: Settings, hub: fanout.Hub, clock: Clock = utc_now) -> None:
         self.database = database
         self.settings = settings
         self.hub = hub
+        # Read by every sweep not given its moment (the periodic ones); replaceable until the first request.
+        self.clock = clock
+        # How many sweeps finished, and the newest: a check that nothing was marked can first
+        # make sure a sweep looked.
+        self.sweeps = 0
+        self.last_sweep: Sweep | None = None
+        self._swept_lock = threading.Lock()
         self.leadership = sweeper.leadership(database)
         self.leading = False
         self._pid: int | None = None
@@ -111,28 +137,37 @@ class Janitor:
         metrics.sweeper_leader(False)
         log.info("this process (pid %d) is no longer the stale-job sweeper: %s", os.getpid(), reason)
 
-    def sweep(self, now: dt.datetime | None = None) -> int:
-        """Mark every job stale at ``now`` failed; returns how many were marked."""
+    def sweep(self, now: dt.datetime | None = None) -> Sweep:
+        """Mark every job stale at ``now`` (default: the janitor's clock) failed; what the sweep saw and did."""
         # Not only the sweeper calls this: a cluster's probe report sweeps at once in the
         # process that took it (collector/api/clusters.py), and tests call it directly.
         # That is safe, as stale.mark re-checks each job under its write lock.
-        now = now or dt.datetime.now(dt.UTC)
+        at = self.clock() if now is None else now
         settings = self.settings
         found = self.database.run(lambda conn: stale.candidates(
-            conn, now, grace_s=settings.stale_grace_s, silence_s=settings.stale_silence_s))
+            conn, at, grace_s=settings.stale_grace_s, silence_s=settings.stale_silence_s))
         marked = 0
         for candidate in found:
-            # One transaction per job: a sweep never holds one job's lock while waiting for another's.
-            result = self.database.run(lambda conn: stale.mark(conn, candidate, now), write=True)
-            if result is not None and result.event is not None:
+            if self._mark(candidate, at):
                 marked += 1
-                metrics.event_appended()
-                metrics.stale_marked(candidate.rule)
-                log.info("job %s%s marked failed: %s", f"{result.cluster}/" if result.cluster else "",
-                         result.job_id, candidate.message)
         if marked:
             self.hub.poke()
-        return marked
+        done = Sweep(at, tuple(found), marked)
+        with self._swept_lock:
+            self.sweeps += 1
+            self.last_sweep = done
+        return done
+
+    def _mark(self, candidate: stale.Candidate, now: dt.datetime) -> bool:
+        # One transaction per job: a sweep never holds one job's lock while waiting for another's.
+        result = self.database.run(lambda conn: stale.mark(conn, candidate, now), write=True)
+        if result is None or result.event is None:
+            return False
+        metrics.event_appended()
+        metrics.stale_marked(candidate.rule)
+        log.info("job %s%s marked failed: %s", f"{result.cluster}/" if result.cluster else "",
+                 result.job_id, candidate.message)
+        return True
 
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:
@@ -144,4 +179,5 @@ def init_app(app: Flask, database: Database, settings: Settings) -> None:
 
 def get_janitor(app: Flask) -> Janitor:
     """The janitor of ``app``."""
-    return app.extensions["collector.janitor"]
+    janitor: Janitor = app.extensions["collector.janitor"]
+    return janitor

@@ -31,6 +31,7 @@ from prometheus_client import disable_created_metrics
 from prometheus_client import generate_latest
 from prometheus_client import values
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import Engine
 from sqlalchemy import event
@@ -50,7 +51,7 @@ log = logging.getLogger("collector")
 # the variable was set after the import, and the files would then be empty.
 MULTIPROCESS = bool(getattr(values.ValueClass, "_multiprocess", False))
 # The *_created series double the series count and do not exist in multiprocess mode.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 # Methods are labels as they are; anything else (any token is a valid method) is "other",
 # so a client cannot grow the label set.
@@ -105,7 +106,7 @@ bp = Blueprint("metrics", __name__)
 
 @bp.get(METRICS_PATH)
 @operation(responses={200: {"text/plain": EXPOSITION}})
-def scrape():
+def scrape() -> Response:
     """Prometheus metrics of every process of this collector."""
     return Response(generate_latest(_Scrape(get_db())), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -116,10 +117,11 @@ class _Scrape:
     def __init__(self, database: Database) -> None:
         self.database = database
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         """Yield every metric family of the scrape."""
         if MULTIPROCESS:
-            yield from MultiProcessCollector(None).collect()
+            # prometheus_client leaves the multiprocess collector unannotated.
+            yield from MultiProcessCollector(None).collect()  # type: ignore[no-untyped-call]
         else:
             yield from REGISTRY.collect()
         yield from _database_families(self.database)
@@ -232,12 +234,12 @@ def watch_pool(engine: Engine) -> None:
     event.listen(engine, "checkin", _checked_in)
 
 
-def _checked_out(*_) -> None:
+def _checked_out(*_: object) -> None:
     _IDLE.dec()
     _CHECKED_OUT.inc()
 
 
-def _checked_in(*_) -> None:
+def _checked_in(*_: object) -> None:
     _CHECKED_OUT.dec()
     _IDLE.inc()
 

@@ -20,6 +20,7 @@ from sqlalchemy import Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy import false
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
@@ -39,13 +40,13 @@ JSONDocument = JSON().with_variant(JSONB(), "postgresql")
 EventId = BigInteger().with_variant(Integer(), "sqlite")
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[dt.datetime]):
     """A timestamp column that only accepts aware datetimes and always returns UTC."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -54,7 +55,7 @@ class UTCDateTime(TypeDecorator):
         # SQLite keeps text; storing naive UTC keeps its ordering lexical and uniform.
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:

@@ -14,11 +14,15 @@ import re
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
+from typing import TypeVar
 
 from flask import Flask
 from pydantic import BaseModel
 from pydantic import TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
+from pydantic.json_schema import JsonSchemaValue
 from pydantic.json_schema import models_json_schema
+from werkzeug.routing import Rule
 
 from collector.contract import ErrorResponse
 from collector.contract import Identifier
@@ -48,6 +52,9 @@ _DESCRIPTIONS = {
 }
 
 Content = Mapping[str, Any]  # media type -> model class or JSON schema
+# A model (and its mode) to its JSON schema ref, as models_json_schema answers; keyed by the model class.
+Refs = Mapping[tuple[Any, JsonSchemaMode], JsonSchemaValue]
+View = TypeVar("View", bound=Callable[..., object])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +76,12 @@ def served(app: Flask) -> dict[str, Any]:
     return cached
 
 
-def operation(**declared) -> Callable:
+def operation(**declared: Any) -> Callable[[View], View]:
     """Declare a view's query model, body, responses and own error statuses."""
 
-    def mark(view: Callable) -> Callable:
-        view.openapi = Operation(**declared)
+    def mark(view: View) -> View:
+        # A function attribute, read back with getattr() by document() and _models().
+        view.openapi = Operation(**declared)  # type: ignore[attr-defined]
         return view
 
     return mark
@@ -93,7 +101,8 @@ def document(app: Flask) -> dict[str, Any]:
         if declared is None:
             raise LookupError(f"route {rule.rule} ({rule.endpoint}) has no @operation declaration")
         path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", r"{\1}", rule.rule)
-        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+        # Flask gives every rule its methods; None only for a bare werkzeug Rule.
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             paths.setdefault(path, {})[method.lower()] = builder.operation(rule, method, view, declared)
     for name in builder.carriers:
         del components[name]
@@ -113,8 +122,8 @@ def document(app: Flask) -> dict[str, Any]:
     }
 
 
-def _models(app: Flask) -> list[tuple[type[BaseModel], str]]:
-    seen: dict[tuple[type[BaseModel], str], None] = {(ErrorResponse, "serialization"): None}
+def _models(app: Flask) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
+    seen: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {(ErrorResponse, "serialization"): None}
     for view in app.view_functions.values():
         declared: Operation | None = getattr(view, "openapi", None)
         if declared is None:
@@ -135,13 +144,13 @@ def _models(app: Flask) -> list[tuple[type[BaseModel], str]]:
 class _Builder:
     """Turns declarations into OpenAPI objects, with refs into the shared components."""
 
-    def __init__(self, refs: Mapping, components: dict[str, Any], open_routes: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, refs: Refs, components: dict[str, Any], open_routes: frozenset[str] = OPEN_PATHS) -> None:
         self.open_routes = open_routes
         self.refs = refs
         self.components = components
         self.carriers: set[str] = set()
 
-    def operation(self, rule, method: str, view, declared: Operation) -> dict[str, Any]:
+    def operation(self, rule: Rule, method: str, view: Callable[..., object], declared: Operation) -> dict[str, Any]:
         """The OpenAPI operation of ``view`` on ``rule`` for ``method``."""
         open_route = rule.rule in self.open_routes
         summary, _, description = _markdown(view.__doc__ or "").strip().partition("\n")
@@ -196,7 +205,7 @@ class _Builder:
             parameters.append(parameter)
         return parameters
 
-    def schema(self, content: Any, mode: str) -> dict[str, Any]:
+    def schema(self, content: Any, mode: JsonSchemaMode) -> dict[str, Any]:
         """A model's ref, a oneOf for a tuple of models, or a literal schema."""
         if isinstance(content, type) and issubclass(content, BaseModel):
             return dict(self.refs[(content, mode)])
@@ -210,7 +219,8 @@ class _Builder:
             content = {media: {"schema": self.schema(item, "serialization")} for media, item in answer.items()}
             return {"description": "OK", "content": content}
         description = _markdown(answer.__doc__ or "OK").strip().splitlines()[0]
-        return {"description": description, "content": {"application/json": {"schema": self.schema(answer, "serialization")}}}
+        schema = self.schema(answer, "serialization")
+        return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _markdown(docstring: str) -> str:

@@ -16,6 +16,7 @@ reach a collector tries again next cycle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from collections.abc import Mapping
 
 import click
 
@@ -38,7 +40,8 @@ from collector.reporter.transport import env_token
 log = logging.getLogger("collector.probe")
 
 DEFAULT_INTERVAL_S = 30.0
-Collect = Callable[..., dict]
+# slurm.collect, or a stand-in: the watched ids in, the report's Slurm fields out.
+Collect = Callable[[list[str]], Mapping[str, object]]
 
 
 def status_path(cluster: str) -> str:
@@ -148,7 +151,8 @@ def _summary(cluster: str, outcomes: list[Outcome]) -> str:
               show_default=True, help="Seconds between probes (also tells the collector when the next is due).")
 @click.option("--once", is_flag=True, help="Probe and report once, then exit (for a systemd timer).")
 @click.option("-v", "--verbose", is_flag=True, help="Log every cycle and failed request (DEBUG).")
-def probe(cluster, endpoints, token_env, interval, once, verbose) -> None:
+def probe(cluster: str | None, endpoints: tuple[str, ...], token_env: str, interval: float, once: bool,
+          verbose: bool) -> None:
     """Report a Slurm cluster's health (sinfo) and watched jobs (squeue) to the collector."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="collector probe: %(levelname)s %(message)s")
@@ -169,9 +173,7 @@ def probe(cluster, endpoints, token_env, interval, once, verbose) -> None:
         stop = threading.Event()
         # SIGTERM (systemd) ends the loop between cycles like Ctrl-C.
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             run_forever(cluster, transport, stop, interval_s=interval)
-        except KeyboardInterrupt:
-            pass
     finally:
         transport.close()

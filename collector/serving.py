@@ -12,22 +12,51 @@ import gc
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
+from typing import TypeVar
 
 from gunicorn.app.base import BaseApplication
 
 from collector.log_format import TEXT_FORMAT
 from collector.settings import Settings
 
+if TYPE_CHECKING:
+    from flask import Flask
+
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 OWN_METRICS_DIR = "_COLLECTOR_OWN_METRICS_DIR"
 # gunicorn's lines carry the pid: several workers write to one stream.
 GUNICORN_TEXT_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("collector")
+T = TypeVar("T")
+
+
+# gunicorn ships no type information: what the hooks below use of its objects.
+class GunicornWorker(Protocol):
+    """A gunicorn worker (gunicorn.workers.base.Worker)."""
+
+    alive: bool
+    pid: int
+    wsgi: object  # the application the worker loaded
+
+
+class GunicornListener(Protocol):
+    """One of the master's bound sockets (gunicorn.sock.BaseSocket)."""
+
+    sock: socket.socket
+
+
+class GunicornArbiter(Protocol):
+    """The gunicorn master (gunicorn.arbiter.Arbiter)."""
+
+    LISTENERS: list[GunicornListener]
 
 
 def use_metrics_dir() -> None:
@@ -116,7 +145,7 @@ def logging_config(settings: Settings, text_format: str, server_level: str) -> d
     }
 
 
-def post_worker_init(worker) -> None:
+def post_worker_init(worker: GunicornWorker) -> None:
     """Start the worker's janitor; end its streams as soon as it starts to stop, so it stops within seconds.
 
     A worker stops on SIGTERM, on max_requests and when its parent dies; in every case
@@ -139,7 +168,7 @@ def post_worker_init(worker) -> None:
     threading.Thread(target=watch, name="collector-stop-streams", daemon=True).start()
 
 
-def on_starting(server) -> None:
+def on_starting(server: GunicornArbiter | None) -> None:
     """Empty the metrics directory before the first worker starts.
 
     Files of an earlier run would add to this one's counters (and the master's own,
@@ -154,24 +183,24 @@ def on_starting(server) -> None:
             os.unlink(os.path.join(directory, name))
 
 
-def child_exit(server, worker) -> None:
+def child_exit(server: GunicornArbiter | None, worker: GunicornWorker) -> None:
     """Drop a dead worker's live gauges (its open streams, its pool) from the totals; its counters stay."""
     from prometheus_client import multiprocess
 
     if os.environ.get(METRICS_DIR):
-        multiprocess.mark_process_dead(worker.pid)
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]  # unannotated upstream
 
 
-def on_exit(server) -> None:
+def on_exit(server: GunicornArbiter | None) -> None:
     """Remove the metrics directory if this master made it."""
     if os.environ.get(OWN_METRICS_DIR) and os.environ.get(OWN_METRICS_DIR) == os.environ.get(METRICS_DIR):
         shutil.rmtree(os.environ[METRICS_DIR], ignore_errors=True)
 
 
-class CollectorServer(BaseApplication):
+class CollectorServer(BaseApplication):  # type: ignore[misc]  # gunicorn has no types: its base class is Any
     """gunicorn run in this process by `collector serve`, with the deployment's options."""
 
-    def __init__(self, settings: Settings, *, when_ready: Callable[[Any], None] | None = None,
+    def __init__(self, settings: Settings, *, when_ready: Callable[[GunicornArbiter], None] | None = None,
                  on_stop: Callable[[], None] | None = None) -> None:
         self.settings = settings
         self._when_ready = when_ready
@@ -186,23 +215,23 @@ class CollectorServer(BaseApplication):
         for key, value in config.items():
             self.cfg.set(key, value)
 
-    def _ready(self, server) -> None:
+    def _ready(self, server: GunicornArbiter) -> None:
         if self._when_ready is not None:
             self._when_ready(server)
 
-    def _exit(self, server) -> None:
+    def _exit(self, server: GunicornArbiter) -> None:
         if self._on_stop is not None:
             self._on_stop()
         on_exit(server)
 
-    def load(self):
+    def load(self) -> Flask:
         """The app, built in each worker after the fork from serve's settings (flags included)."""
         from collector.app import create_app
 
         return frozen(create_app(self.settings))
 
 
-def frozen(app):
+def frozen(app: T) -> T:
     """``app``, with everything built so far moved out of the garbage collector's view.
 
     Modules, the app and compiled statements live as long as the process: frozen, full GC
@@ -213,6 +242,7 @@ def frozen(app):
     return app
 
 
-def listening_port(server) -> int:
+def listening_port(server: GunicornArbiter) -> int:
     """The port gunicorn bound (``--port 0`` picks one)."""
-    return server.LISTENERS[0].sock.getsockname()[1]
+    port: int = server.LISTENERS[0].sock.getsockname()[1]
+    return port

@@ -7,6 +7,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 DEFAULT_DB_PATH = Path("~/.local/state/collector/status.db")
 DEFAULT_TOKEN_ENV = "SRTCTL_STATUS_TOKEN"
@@ -141,7 +142,7 @@ class Settings:
     server_log_level: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read settings from ``COLLECTOR_*`` variables; keyword arguments win."""
         env = os.environ if environ is None else environ
         token_env = overrides.pop("token_env", None) or env.get("COLLECTOR_TOKEN_ENV") or DEFAULT_TOKEN_ENV
@@ -149,7 +150,7 @@ class Settings:
             overrides.pop("read_token_env", None) or env.get("COLLECTOR_READ_TOKEN_ENV") or DEFAULT_READ_TOKEN_ENV
         )
         origins = tuple(o.strip() for o in env.get("COLLECTOR_CORS_ORIGINS", "").split(",") if o.strip())
-        values = dict(
+        values: dict[str, Any] = dict(
             database_url=database_url(env.get("COLLECTOR_DATABASE_URL") or env.get("COLLECTOR_DB")),
             host=env.get("COLLECTOR_HOST", "127.0.0.1"),
             port=_int(env, "COLLECTOR_PORT", 8080),

@@ -30,6 +30,7 @@ import subprocess
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import TypedDict
 
 log = logging.getLogger("collector.slurm")
 
@@ -51,6 +52,39 @@ class Result:
 
 
 Runner = Callable[[Sequence[str], float], Result]
+
+
+class Node(TypedDict):
+    """One node as sinfo reports it."""
+
+    name: str
+    state: str
+    reason: str | None
+
+
+class Partition(TypedDict):
+    """One partition and its availability."""
+
+    name: str
+    state: str
+
+
+class Job(TypedDict):
+    """One watched job as squeue reports it."""
+
+    job_id: str
+    state: str
+    reason: str | None
+
+
+class Probe(TypedDict):
+    """The result of :func:`collect`: the body of the status report, less its timing."""
+
+    error: str | None
+    nodes: list[Node]
+    partitions: list[Partition]
+    jobs: list[Job]
+    queried_job_ids: list[str]
 
 
 def run_command(argv: Sequence[str], timeout: float = TIMEOUT_S) -> Result:
@@ -76,10 +110,10 @@ def _reason(text: str) -> str | None:
     return None if text.lower() in NO_REASON else text
 
 
-def parse_sinfo(text: str) -> tuple[list[dict], list[dict]]:
+def parse_sinfo(text: str) -> tuple[list[Node], list[Partition]]:
     """Nodes and partitions from ``sinfo -h -N -o '%N|%T|%P|%a|%E'`` output, each once, in sinfo's order."""
-    nodes: dict[str, dict] = {}
-    partitions: dict[str, dict] = {}
+    nodes: dict[str, Node] = {}
+    partitions: dict[str, Partition] = {}
     for line in text.splitlines():
         fields = line.split("|", 4)
         if len(fields) < 5 or not fields[0].strip():
@@ -94,7 +128,7 @@ def parse_sinfo(text: str) -> tuple[list[dict], list[dict]]:
     return list(nodes.values()), list(partitions.values())
 
 
-def parse_squeue(text: str, watched: Iterable[str]) -> list[dict]:
+def parse_squeue(text: str, watched: Iterable[str]) -> list[Job]:
     """One entry per watched id found in ``squeue -o '%A|%i|%T|%r'`` output (matched on %i, else %A)."""
     by_display: dict[str, tuple[str, str | None]] = {}
     by_id: dict[str, tuple[str, str | None]] = {}
@@ -106,11 +140,11 @@ def parse_squeue(text: str, watched: Iterable[str]) -> list[dict]:
         entry = (state.upper(), _reason(reason))
         by_display.setdefault(display, entry)
         by_id.setdefault(job_id, entry)
-    jobs = []
+    jobs: list[Job] = []
     for job_id in watched:
-        entry = by_display.get(job_id) or by_id.get(job_id)
-        if entry:
-            jobs.append({"job_id": job_id, "state": entry[0], "reason": entry[1]})
+        known = by_display.get(job_id) or by_id.get(job_id)
+        if known:
+            jobs.append({"job_id": job_id, "state": known[0], "reason": known[1]})
     return jobs
 
 
@@ -120,10 +154,10 @@ def slurm_job_ids(ids: Iterable[str]) -> list[str]:
 
 
 def query_jobs(ids: Iterable[str], *, run: Runner = run_command,
-               timeout: float = TIMEOUT_S) -> tuple[list[dict], list[str]]:
+               timeout: float = TIMEOUT_S) -> tuple[list[Job], list[str]]:
     """Watched jobs as squeue sees them, and the ids actually answered for (``queried_job_ids``)."""
     wanted = slurm_job_ids(ids)
-    jobs: list[dict] = []
+    jobs: list[Job] = []
     queried: list[str] = []
     for start in range(0, len(wanted), JOB_CHUNK):
         chunk = wanted[start:start + JOB_CHUNK]
@@ -136,7 +170,7 @@ def query_jobs(ids: Iterable[str], *, run: Runner = run_command,
     return jobs, queried
 
 
-def collect(watch: Iterable[str] = (), *, run: Runner = run_command, timeout: float = TIMEOUT_S) -> dict:
+def collect(watch: Iterable[str] = (), *, run: Runner = run_command, timeout: float = TIMEOUT_S) -> Probe:
     """One probe: ``nodes``, ``partitions`` and ``error`` from sinfo, ``jobs`` and ``queried_job_ids`` from squeue."""
     result = run(SINFO, timeout)
     if result.error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flask import Blueprint
+from flask import Response
 from flask import request
 from flask import send_from_directory
 
@@ -22,9 +23,15 @@ FILES = {
     "/": ("index.html", HTML),
     "/index.html": ("index.html", HTML),
     "/app.css": ("app.css", STYLE),
+    "/util.js": ("util.js", SCRIPT),
     "/client.js": ("client.js", SCRIPT),
     "/live.js": ("live.js", SCRIPT),
     "/blobs.js": ("blobs.js", SCRIPT),
+    "/state.js": ("state.js", SCRIPT),
+    "/table.js": ("table.js", SCRIPT),
+    "/clusters.js": ("clusters.js", SCRIPT),
+    "/detail.js": ("detail.js", SCRIPT),
+    "/feed.js": ("feed.js", SCRIPT),
     "/app.js": ("app.js", SCRIPT),
 }
 # The page may call any collector (#api=), but loads nothing from anywhere else and runs
@@ -45,29 +52,35 @@ bp = Blueprint("ui", __name__)
 @bp.get("/")
 @bp.get("/index.html")
 @operation(responses={200: {"text/html": PAGE}})
-def index():
+def index() -> Response:
     """The page; it holds no data, so it needs no token."""
     return _send(request.path)
 
 
 @bp.get("/app.css")
 @operation(responses={200: {"text/css": PAGE}})
-def style():
+def style() -> Response:
     """The page's style sheet; open like the page."""
     return _send(request.path)
 
 
+@bp.get("/util.js")
 @bp.get("/client.js")
 @bp.get("/live.js")
 @bp.get("/blobs.js")
+@bp.get("/state.js")
+@bp.get("/table.js")
+@bp.get("/clusters.js")
+@bp.get("/detail.js")
+@bp.get("/feed.js")
 @bp.get("/app.js")
 @operation(responses={200: {"text/javascript": PAGE}})
-def script():
+def script() -> Response:
     """One of the page's scripts; open like the page."""
     return _send(request.path)
 
 
-def _send(path: str):
+def _send(path: str) -> Response:
     name, mimetype = FILES[path]
     # max_age=0: a browser revalidates (ETag) on every load, so a new release shows at once.
     response = send_from_directory(ui_dir(), name, mimetype=mimetype, max_age=0)

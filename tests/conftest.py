@@ -1,4 +1,4 @@
-"""Fixtures: real databases (SQLite always, PostgreSQL when asked) and live servers on ephemeral ports."""
+"""Fixtures: real databases (SQLite always, PostgreSQL when asked), live servers on ephemeral ports, recorders."""
 
 from __future__ import annotations
 
@@ -6,21 +6,29 @@ import dataclasses
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import requests
+from flask import Flask
 from sqlalchemy import Engine
 from sqlalchemy import create_engine
 from sqlalchemy import make_url
 from sqlalchemy import text
 from sqlalchemy.pool import NullPool
+from werkzeug.serving import BaseWSGIServer
 from werkzeug.serving import make_server
 
 from collector.app import create_app
+from collector.janitor import Clock
+from collector.janitor import get_janitor
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.settings import database_url as normalise_url
+from tests.helpers import LiveServer
+from tests.helpers import Recorder
+from tests.helpers import Script
 
 PG_URL = os.environ.get("COLLECTOR_TEST_DATABASE_URL")
 # CI sets this: a skipped test is then a failure, except a PostgreSQL-only test in the
@@ -124,53 +132,27 @@ def postgres(database) -> TestDatabase:
     return database
 
 
-@dataclasses.dataclass
-class LiveServer:
-    """A collector serving on an ephemeral loopback port in this process."""
-
-    url: str
-    settings: Settings
-    token: str | None = None
-
-    def request(self, method: str, path: str, *, token: str | None | bool = True, **kwargs) -> requests.Response:
-        """One request on a fresh connection (as the srtctl reporter sends them)."""
-        headers = kwargs.pop("headers", {})
-        bearer = self.token if token is True else token or None
-        if bearer:
-            headers.setdefault("Authorization", f"Bearer {bearer}")
-        kwargs.setdefault("timeout", 10)
-        kwargs.setdefault("allow_redirects", False)
-        return requests.request(method, self.url + path, headers=headers, **kwargs)
-
-    def get(self, path: str, **kwargs) -> requests.Response:
-        return self.request("GET", path, **kwargs)
-
-    def post(self, path: str, **kwargs) -> requests.Response:
-        return self.request("POST", path, **kwargs)
-
-    def put(self, path: str, **kwargs) -> requests.Response:
-        return self.request("PUT", path, **kwargs)
-
-    def delete(self, path: str, **kwargs) -> requests.Response:
-        return self.request("DELETE", path, **kwargs)
-
-
 @pytest.fixture
-def serve(database) -> Iterator:
-    """Factory: start a collector on the session database with settings overrides."""
-    database.clean()
-    servers = []
+def serve(database: TestDatabase) -> Iterator[Callable[..., LiveServer]]:
+    """Factory: start a collector on the session database with settings overrides.
 
-    def start(**overrides) -> LiveServer:
+    ``clock``: what time it is for the collector's stale-job janitor (tests/helpers.py FakeClock).
+    """
+    database.clean()
+    servers: list[tuple[BaseWSGIServer, threading.Thread, Flask]] = []
+
+    def start(*, clock: Clock | None = None, **overrides: Any) -> LiveServer:
         overrides.setdefault("database_url", database.url)
         settings = Settings(**overrides)
         app = create_app(settings)
+        if clock is not None:
+            get_janitor(app).clock = clock  # before the first request starts the janitor's thread
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
         servers.append((server, thread, app))
         return LiveServer(url=f"http://127.0.0.1:{server.server_port}", settings=settings,
-                          token=settings.write_token)
+                          token=settings.write_token, app=app)
 
     yield start
     for server, thread, app in servers:
@@ -182,6 +164,34 @@ def serve(database) -> Iterator:
 
 
 @pytest.fixture
-def api(serve) -> LiveServer:
+def api(serve: Callable[..., LiveServer]) -> LiveServer:
     """A collector with a write token, the shape of a shared deployment."""
     return serve(write_token="w-" + uuid.uuid4().hex, read_token="r-" + uuid.uuid4().hex)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Callable[..., Recorder]]:
+    """Factory: start a Recorder (tests/helpers.py), stopped after the test."""
+    started: list[Recorder] = []
+
+    def start(upstream: str | None = None, script: Script | None = None) -> Recorder:
+        started.append(Recorder(upstream, script))
+        return started[-1]
+
+    yield start
+    for each in started:
+        each.close()
+
+
+@pytest.fixture(scope="module")
+def second_database(new_database: Callable[[], str]) -> str:
+    """Another migrated database of the backend under test, for a second collector."""
+    url = new_database()
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def second_api(serve: Callable[..., LiveServer], second_database: str, api: LiveServer) -> LiveServer:
+    """A second collector with its own database and ``api``'s tokens (its jobs stay across the module's tests)."""
+    return serve(database_url=second_database, write_token=api.token, read_token=api.settings.read_token)

@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from typing import Any
 
 import requests
 from sqlalchemy import Engine
@@ -84,6 +85,18 @@ class Write:
     @property
     def sent(self) -> bool:
         return bool(self.attempts)
+
+    @property
+    def moment(self) -> dt.datetime:
+        """``at`` of a POST or a PUT (which always carry one)."""
+        assert self.at is not None, self
+        return self.at
+
+    @property
+    def place(self) -> tuple[str, int]:
+        """(file, offset) of a log chunk (which always has both)."""
+        assert self.file is not None and self.offset is not None, self
+        return self.file, self.offset
 
 
 class Load:
@@ -159,14 +172,15 @@ class Load:
         offset = 0
         for step, (status, stage, message) in enumerate(LIFECYCLE, start=1):
             at = submitted + dt.timedelta(minutes=step)
-            body = {"status": status, "stage": stage, "message": message, "updated_at": stamp(at),
-                    "metadata": {"cluster": self.cluster}}
+            metadata: dict[str, Any] = {"cluster": self.cluster}
+            body: dict[str, Any] = {"status": status, "stage": stage, "message": message, "updated_at": stamp(at),
+                                    "metadata": metadata}
             if step == 1:
                 body["started_at"] = stamp(at)
-                body["metadata"].update(head_node="node-0", log_dir=f"/logs/{job_id}", job_name=f"fault-{number}",
-                                        backend_type="sglang", frontend_type="dynamo",
-                                        resources={"gpu_type": "h100", "gpus_per_node": 8},
-                                        benchmark={"type": "sa-bench"})
+                metadata.update(head_node="node-0", log_dir=f"/logs/{job_id}", job_name=f"fault-{number}",
+                                backend_type="sglang", frontend_type="dynamo",
+                                resources={"gpu_type": "h100", "gpus_per_node": 8},
+                                benchmark={"type": "sa-bench"})
             if status == "completed":
                 body.update(completed_at=stamp(at), exit_code=0)
             writes.append(Write("put", job_id, step, at, (status, stage, message), body=body))
@@ -210,6 +224,7 @@ class Load:
     def _attempt(self, write: Write) -> Attempt:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         url = self.url
+        args: dict[str, Any]
         if write.kind == "post":
             args = dict(method="POST", url=f"{url}/api/jobs", json=write.body)
         elif write.kind == "put":
@@ -263,7 +278,7 @@ class Load:
         """The longest time between two acknowledgements while the load ran."""
         ends = sorted(a.ended for w in self.writes for a in w.attempts
                       if a.status is not None and 200 <= a.status < 300)
-        return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
+        return max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
 
     def summary(self) -> str:
         elapsed = max((a.ended for w in self.writes for a in w.attempts), default=self.started) - self.started
@@ -349,7 +364,7 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
     if len(set(triples)) != len(triples):
         problems.append(f"{job_id}: duplicate events {triples}")
     sent = {w.triple: w for w in changes if w.sent}
-    for event, triple in zip(events, triples):
+    for event, triple in zip(events, triples, strict=True):
         write = sent.get(triple)
         if write is None:
             problems.append(f"{job_id}: event {event.id} {triple} matches no write sent")
@@ -358,7 +373,7 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
                             f"the write said {write.at}")
     # Sent in order, every acknowledged write appended its event; racing, a late one must not
     # have, and only the newest acknowledged update surely did.
-    for write in acked if ordered else sorted(acked, key=lambda w: w.at)[-1:]:
+    for write in acked if ordered else sorted(acked, key=lambda w: w.moment)[-1:]:
         if write.triple not in triples:
             problems.append(f"{job_id}: acknowledged {write.kind} {write.triple} has no event")
     if triples and (row.status, row.stage, row.message) != triples[-1]:
@@ -380,13 +395,13 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
                             f"{last_acked.triple if last_acked else None}")
     else:
         stamps = [e.created_at for e in events]
-        if any(b <= a for a, b in zip(stamps, stamps[1:])):
-            problems.append(f"{job_id}: went back to an older update: {list(zip(triples, stamps))}")
-        newest = max(acked + applied, key=lambda w: w.at, default=None)
+        if any(b <= a for a, b in itertools.pairwise(stamps)):
+            problems.append(f"{job_id}: went back to an older update: {list(zip(triples, stamps, strict=True))}")
+        newest = max(acked + applied, key=lambda w: w.moment, default=None)
         if newest is not None and (row.status, row.stage, row.message) != newest.triple:
             problems.append(f"{job_id}: ends at {(row.status, row.stage, row.message)}, "
                             f"its newest acknowledged update is {newest.triple}")
-    newest_applied = max((w.at for w in applied), default=None)
+    newest_applied = max((w.moment for w in applied), default=None)
     if newest_applied is not None and row.updated_at != newest_applied:
         problems.append(f"{job_id}: updated_at {row.updated_at}, newest applied update {newest_applied}")
     _check_logs(report, job_id, [w for w in writes if w.kind == "log"], stored)
@@ -395,9 +410,9 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
 def _check_logs(report: Report, job_id: str, chunks: list[Write], stored: dict) -> None:
     by_file: dict[str, list[Write]] = defaultdict(list)
     for chunk in chunks:
-        by_file[chunk.file].append(chunk)
+        by_file[chunk.place[0]].append(chunk)
     for name, sent in by_file.items():
-        acked = b"".join(c.data for c in sorted(sent, key=lambda c: c.offset) if c.acked)
+        acked = b"".join(c.data for c in sorted(sent, key=lambda c: c.place[1]) if c.acked)
         pending = [c for c in sent if c.sent and not c.acked]
         file = stored["files"].get((job_id, name))
         data = b""
@@ -413,7 +428,9 @@ def _check_logs(report: Report, job_id: str, chunks: list[Write], stored: dict) 
         # A chunk whose answer was lost may be stored; it is the one right after the acknowledged bytes.
         allowed = [acked] + [acked + c.data for c in pending if c.offset == len(acked)]
         if data not in allowed:
-            where = next((i for i, (a, b) in enumerate(zip(data, acked)) if a != b), min(len(data), len(acked)))
+            # Shorter than the other: they differ where it ends (strict=False).
+            where = next((i for i, (a, b) in enumerate(zip(data, acked, strict=False)) if a != b),
+                         min(len(data), len(acked)))
             report.problems.append(f"{job_id} {name}: {len(data)} bytes stored, {len(acked)} acknowledged; "
                                    f"they differ from byte {where}")
 
@@ -430,7 +447,8 @@ def _check_counts(report: Report, engine: Engine) -> None:
 def read_feed(url: str, token: str | None = None, page: int = 500) -> list[dict]:
     """Every event of ``GET /api/events``, paged with ``after=``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    events, after = [], 0
+    events: list[dict[str, Any]] = []
+    after = 0
     while True:
         response = requests.get(f"{url}/api/events", params={"after": after, "limit": page}, headers=headers,
                                 timeout=10)
@@ -446,7 +464,7 @@ def _check_feed(report: Report, engine: Engine, url: str, token: str | None) -> 
     feed = read_feed(url, token)
     report.feed_events = len(feed)
     ids = [e["id"] for e in feed]
-    if any(b <= a for a, b in zip(ids, ids[1:])):
+    if any(b <= a for a, b in itertools.pairwise(ids)):
         report.problems.append("feed ids are not strictly increasing")
     with engine.connect() as conn:
         table = conn.execute(text(
@@ -458,7 +476,7 @@ def _check_feed(report: Report, engine: Engine, url: str, token: str | None) -> 
         extra = sorted(set(ids) - set(stored_ids))
         report.problems.append(f"feed differs from job_events: missing {missing[:20]}, extra {extra[:20]}")
         return
-    for event, row in zip(feed, table):
+    for event, row in zip(feed, table, strict=True):
         if (event["job_id"], event["status"], event["stage"], event["message"]) != tuple(row[1:]):
             report.problems.append(f"feed event {event['id']} differs from its row: {event} vs {tuple(row)}")
             return

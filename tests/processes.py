@@ -28,22 +28,24 @@ class ServerProcess:
     def __init__(self, args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 30,
                  health_path: str = "/api/health") -> None:
         self.health_path = health_path
-        self.url: str | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="collector-server-", suffix=".log", delete=False)
+        # Kept open for the child to write to; stop() closes it, a finalizer removes it.
+        self._log = tempfile.NamedTemporaryFile(prefix="collector-server-", suffix=".log", delete=False)  # noqa: SIM115
         weakref.finalize(self, os.unlink, self._log.name)
         self.proc = subprocess.Popen(
             args, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        while self.url is None:
+        url: str | None = None
+        while url is None:
             match = _LISTENING.search(self.output)
             if match:
-                self.url = f"http://{match.group(1)}:{match.group(2)}"
+                url = f"http://{match.group(1)}:{match.group(2)}"
             elif self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{' '.join(args[-3:])} did not start listening:\n{self.output}")
             else:
                 time.sleep(0.05)
+        self.url = url
         self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from tests import sse
-from tests.test_api_captures import MiB
-from tests.test_api_captures import accepted
+from tests.helpers import MiB
+from tests.helpers import accepted
 
 SEGMENT = "out-0.parquet"
 # Larger than loopback's socket buffers, so an unread download keeps its request running.

@@ -10,26 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import text
 
-from tests.wire import raw_exchange
+from tests.helpers import OCTET
+from tests.helpers import MiB
+from tests.helpers import accepted
+from tests.helpers import raw_exchange
+from tests.helpers import send
 
-MiB = 1024 * 1024
 MAX_OFFSET = 2**63 - 1
-OCTET = {"Content-Type": "application/octet-stream"}
 SEGMENT = "out-0.parquet"
-
-
-def send(api, job_id, file, offset, total, data=b"", *, cluster=None, token=True):
-    params = {"file": file, "offset": offset, "total": total, **({"cluster": cluster} if cluster else {})}
-    return api.post(f"/api/jobs/{job_id}/captures", params=params, data=data, headers=dict(OCTET), token=token)
-
-
-def accepted(api, job_id, file, offset, total, data, **kwargs) -> dict:
-    """Upload one chunk that must be accepted, and check the answer the reporter expects."""
-    response = send(api, job_id, file, offset, total, data, **kwargs)
-    assert response.status_code == 200, response.text
-    assert response.json() == {"job_id": job_id, "next_offset": offset + len(data),
-                               "complete": offset + len(data) == total}
-    return response.json()
 
 
 def listing(api, job_id, *, keep_times=False, **params) -> dict:

@@ -10,8 +10,13 @@ from sqlalchemy import text
 
 from collector.contract import format_timestamp
 from tests import sse
-from tests.test_api_jobs import SUBMIT
-from tests.test_api_jobs import put
+from tests.helpers import SUBMIT
+from tests.helpers import listing
+from tests.helpers import probe_stamp
+from tests.helpers import put
+from tests.helpers import report
+from tests.helpers import reported
+from tests.helpers import submit
 
 COUNTS = ("cluster", "total", "statuses")
 
@@ -19,35 +24,6 @@ COUNTS = ("cluster", "total", "statuses")
 def clusters(api, **kwargs):
     """The list, each entry cut to its counts (health and active jobs have tests of their own)."""
     return [{key: entry[key] for key in COUNTS} for entry in listing(api, **kwargs)]
-
-
-def listing(api, **kwargs):
-    response = api.get("/api/clusters", **kwargs)
-    assert response.status_code == 200, response.text
-    return response.json()["clusters"]
-
-
-def now() -> str:
-    return format_timestamp(dt.datetime.now(dt.UTC).replace(microsecond=0))
-
-
-IDLE = {"nodes": [{"name": "n1", "state": "idle"}], "partitions": [{"name": "debug", "state": "up"}]}
-
-
-def report(api, cluster="c1", *, token=True, **fields):
-    body = {"probed_at": now(), **IDLE, **fields}
-    return api.put(f"/api/clusters/{cluster}/status", json=body, token=token)
-
-
-def reported(api, cluster="c1", **fields) -> dict:
-    response = report(api, cluster, **fields)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def submit(api, job_id, cluster="c1", submitted_at="2026-12-03T08:00:00Z"):
-    body = {"job_id": job_id, "job_name": f"n-{job_id}", "submitted_at": submitted_at, "cluster": cluster}
-    assert api.post("/api/jobs", json=body).status_code == 201
 
 
 def test_no_jobs_no_clusters(api):
@@ -123,7 +99,7 @@ def test_a_probe_report_sets_health_and_answers_with_the_jobs_to_watch(api):
     submit(api, "7")
     submit(api, "8")
     put(api, "8", "failed", metadata={"cluster": "c1"})
-    probed_at = now()
+    probed_at = probe_stamp()
     answer = reported(api, probed_at=probed_at,
                       nodes=[{"name": "n1", "state": "drained", "reason": "disk check"},
                              {"name": "n2", "state": "mixed"}],

@@ -49,7 +49,8 @@ def test_global_feed_in_id_order(seeded):
 
 
 def test_poll_loop_follows_next_cursor(seeded):
-    seen, after = [], 0
+    seen: list[int] = []
+    after = 0
     for _ in range(10):
         body = feed(seeded, after=after, limit=2)
         if not body["events"]:

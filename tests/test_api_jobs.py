@@ -5,26 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tests.reporter import Reporter
-
-SUBMIT = {
-    "job_id": "12345",
-    "job_name": "benchmark-run",
-    "cluster": "gpu-cluster-01",
-    "recipe": "configs/benchmark.yaml",
-    "submitted_at": "2025-01-26T10:30:00Z",
-    "metadata": {"tags": ["pipeline:98765", "suite:kv-router-comparison"]},
-}
-
-
-def put(api, job_id, status="workers", *, updated_at="2025-01-26T10:35:00Z", **fields):
-    return api.put(f"/api/jobs/{job_id}", json={"status": status, "updated_at": updated_at, **fields})
-
-
-def detail(api, job_id, **params):
-    response = api.get(f"/api/jobs/{job_id}", params=params)
-    assert response.status_code == 200, response.text
-    return response.json()
+from tests.helpers import SUBMIT
+from tests.helpers import Reporter
+from tests.helpers import detail
+from tests.helpers import put
 
 
 def timeline(job):
@@ -289,7 +273,8 @@ def test_the_first_put_is_never_late_against_a_submit_or_an_upload(api, database
 
 def test_same_job_id_on_two_clusters_never_merges(api):
     for cluster in ("a", "b"):
-        assert api.post("/api/jobs", json={**SUBMIT, "cluster": cluster, "job_name": f"on-{cluster}"}).status_code == 201
+        body = {**SUBMIT, "cluster": cluster, "job_name": f"on-{cluster}"}
+        assert api.post("/api/jobs", json=body).status_code == 201
     put(api, "12345", "workers", stage="workers", metadata={"cluster": "a"})
     assert detail(api, "12345", cluster="a")["status"] == "workers"
     assert detail(api, "12345", cluster="b")["status"] == "submitted"

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.wire import raw_exchange
+from tests.helpers import raw_exchange
 
 MiB = 1024 * 1024
 MAX_OFFSET = 2**63 - 1

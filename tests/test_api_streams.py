@@ -12,7 +12,7 @@ import pytest
 from collector import fanout
 from collector.settings import Settings
 from tests import sse
-from tests.conftest import LiveServer
+from tests.helpers import LiveServer
 from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
@@ -71,7 +71,7 @@ def put_many(api, count, jobs=("j1",), prefix="m"):
 
 def feed(api, after=0, **params) -> list[dict]:
     """Every event of GET /api/events after ``after``, page by page."""
-    events = []
+    events: list[dict] = []
     while True:
         body = api.get("/api/events", params={"after": after, "limit": 1000, **params}).json()
         if not body["events"]:
@@ -114,7 +114,8 @@ def test_events_are_the_feed_with_ids_and_job_summaries(server, listen):
     records = feed(server)
     # Exactly these bytes: the opening, then id, event and one data line per event (and
     # heartbeats, if the writes above took longer than the 0.3 s idle time on a busy machine).
-    assert stream.text.replace("event: heartbeat\ndata: {}\n\n", "") == OPENING + "".join(f"id: {f.id}\nevent: job-event\ndata: {f.data}\n\n" for f in frames)
+    sent = "".join(f"id: {f.id}\nevent: job-event\ndata: {f.data}\n\n" for f in frames)
+    assert stream.text.replace("event: heartbeat\ndata: {}\n\n", "") == OPENING + sent
     assert [f.event for f in frames] == ["job-event"] * 4
     assert ids(frames) == [e["id"] for e in records]
     # data is the feed's record plus the job's summary, as GET /api/jobs lists it.

@@ -11,11 +11,11 @@ from alembic.script import ScriptDirectory
 
 from collector.migrations import alembic_config
 from collector.migrations import head_revision
+from tests.helpers import Reporter
 from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
 from tests.processes import run
-from tests.reporter import Reporter
 
 
 def test_serve_on_fresh_sqlite_migrates_and_takes_a_whole_srtctl_run(tmp_path):
@@ -191,10 +191,10 @@ def test_serve_is_gunicorn_with_the_workers_asked_for(tmp_path):
         assert (response.status_code, response.headers["Server"]) == (200, "gunicorn")
         # The longest file name the API takes, percent-encoded past gunicorn's default 4094-byte request line.
         name = ("run dir %/" * 410)[:4092] + ".out"
-        upload = requests.post(server.url + "/api/jobs/long-name/logs", params={"file": name, "offset": 0},
-                               data=b"hello\n", timeout=5)
+        params: dict[str, str | int] = {"file": name, "offset": 0}
+        upload = requests.post(server.url + "/api/jobs/long-name/logs", params=params, data=b"hello\n", timeout=5)
         assert upload.status_code == 200, upload.text
-        assert len(upload.request.url) > 4094
+        assert len(upload.request.url or "") > 4094
         workers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == server.proc.pid]
         assert len(workers) == 2
     finally:

@@ -7,14 +7,14 @@ import signal
 import subprocess
 import time
 
+from tests.helpers import closed_port_url
+from tests.helpers import detail
+from tests.helpers import log_files
+from tests.helpers import new_id
+from tests.helpers import wait_for
 from tests.processes import child_env
 from tests.processes import collector_command
 from tests.processes import run
-from tests.reporting import closed_port_url
-from tests.reporting import detail
-from tests.reporting import log_files
-from tests.reporting import new_id
-from tests.reporting import wait_for
 
 
 def env_for(api, job_id: str | None = None, **extra: str) -> dict[str, str]:
@@ -152,6 +152,7 @@ def test_sigterm_is_forwarded_and_reported_as_failed(api, tmp_path):
     script = f"trap 'echo got TERM; touch {marker}; exit 1' TERM; echo ready; while :; do sleep 0.05; done"
     proc = subprocess.Popen(collector_command("wrap", "--interval", "0.1", "--", "sh", "-c", script), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     try:
         assert proc.stdout.readline() == "ready\n"
         wait_for(lambda: log_files(api, job_id).get(f"wrap-{job_id}.out", (0,))[0] == 6)
@@ -175,6 +176,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(api):
     proc = subprocess.Popen(collector_command("wrap", "--signal-grace", "0.3", "--", "sh", "-c",
                                               "trap '' TERM; echo ready; exec sleep 30"),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     try:
         assert proc.stdout.readline() == "ready\n"
         started = time.monotonic()

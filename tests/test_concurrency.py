@@ -29,7 +29,7 @@ def gunicorn(database):
 def write(url: str, kind: str, job_id: str, i: int) -> int:
     headers = {"Authorization": "Bearer w"}
     if kind == "post":
-        body = {"job_id": job_id, "job_name": "race", "cluster": "c1" if i % 2 else None,
+        body: dict[str, object] = {"job_id": job_id, "job_name": "race", "cluster": "c1" if i % 2 else None,
                 "submitted_at": f"2025-01-26T10:{i % 60:02d}:00Z"}
         body = {k: v for k, v in body.items() if v is not None}
         return requests.post(f"{url}/api/jobs", json=body, headers=headers, timeout=30).status_code
@@ -45,7 +45,8 @@ def race_first_writes(url: str, database, rounds: int = 5, writers: int = 24) ->
         kinds = ["post" if i % 2 else "put" for i in range(writers)]
         barrier = threading.Barrier(writers)
 
-        def go(i: int) -> tuple[str, int]:
+        def go(i: int, barrier: threading.Barrier = barrier, kinds: list[str] = kinds,
+               job_id: str = job_id) -> tuple[str, int]:
             barrier.wait()
             return kinds[i], write(url, kinds[i], job_id, i)
 

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 
@@ -64,7 +65,8 @@ STARTED = {"model": {"path": "/models/deepseek-r1", "precision": "fp8", "contain
            "backend_type": "sglang", "frontend_type": "dynamo", "head_node": "node-01",
            "log_dir": "/lustre/logs/100"}
 # (seconds after BASE, status, stage, message, extra fields): the reporter's typical order.
-COMPLETED_RUN = [
+Report = tuple[int, str, str, str, dict]
+COMPLETED_RUN: list[Report] = [
     (60, "starting", "starting", "Job started on node-01", {"started_at": at(60), "metadata": STARTED}),
     (90, "starting", "head_infrastructure", "Starting head infrastructure", {}),
     (150, "workers", "workers", "Starting workers", {}),
@@ -75,17 +77,17 @@ COMPLETED_RUN = [
     (960, "completed", "cleanup", "Benchmark completed successfully",
      {"completed_at": at(960), "exit_code": 0, "logs_url": "s3://bucket/100/"}),
 ]
-FAILED_RUN = [
+FAILED_RUN: list[Report] = [
     (120, "starting", "starting", "Job started on node-07", {"started_at": at(120)}),
     (180, "workers", "workers", "Starting workers", {}),
     (400, "failed", "workers", "worker 3 exited", {"completed_at": at(400), "exit_code": 1}),
 ]
-ACTIVE_WORKERS = [
+ACTIVE_WORKERS: list[Report] = [
     (30, "starting", "starting", "Job started on node-02", {"started_at": at(30)}),
     (45, "workers", "workers", "Starting workers", {}),
 ]
 # Same job id as alpha's completed job, on another cluster, with metadata of the wrong types.
-ACTIVE_BENCHMARK = [
+ACTIVE_BENCHMARK: list[Report] = [
     (10, "starting", "starting", "Job started on node-09",
      {"started_at": at(10), "metadata": {"resources": {"gpus_per_node": "8"}, "tags": "not-a-list"}}),
     (20, "workers", "workers", "Starting workers", {}),
@@ -241,7 +243,9 @@ def grafana_time(value: dt.datetime) -> str:
 
 
 def seconds_of(interval: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)([smhd])", interval.strip("'")).groups()
+    match = re.fullmatch(r"(\d+)([smhd])", interval.strip("'"))
+    assert match is not None, interval
+    number, unit = match.groups()
     return int(number) * INTERVALS[unit]
 
 
@@ -382,7 +386,8 @@ def test_cluster_health_view_agrees_with_the_api(seeded, api):
         assert api.post("/api/jobs", json=body).status_code == 201
     probe_report(api, "alpha", nodes=[{"name": "n1", "state": "drained", "reason": "disk check"},
                                       {"name": "n2", "state": "mixed"}],
-                 jobs=[{"job_id": "102", "state": "RUNNING"}, {"job_id": "103", "state": "PENDING", "reason": "Resources"}],
+                 jobs=[{"job_id": "102", "state": "RUNNING"},
+                       {"job_id": "103", "state": "PENDING", "reason": "Resources"}],
                  queried_job_ids=["102", "103", "104"])
     # beta: its probe failed, then went quiet (its last report arrived an hour ago).
     probe_report(api, "beta", error="sinfo: command not found", nodes=[], partitions=[])
@@ -401,7 +406,8 @@ def test_cluster_health_view_agrees_with_the_api(seeded, api):
     for cluster, status, _, silent, *_ in found:
         assert (listed[cluster]["status"], listed[cluster]["probe_silent"]) == (status, silent)
         phases = [job["phase"] for job in listed[cluster]["active_jobs"]]
-        view = dict(zip(("preparing", "queued", "running"), next(r[8:11] for r in found if r[0] == cluster)))
+        counts = next(r[8:11] for r in found if r[0] == cluster)
+        view = dict(zip(("preparing", "queued", "running"), counts, strict=True))
         assert {phase: phases.count(phase) for phase in view} == view, cluster
     with seeded.engine.connect() as conn:
         clusters = by_title(conn, "Clusters", ["alpha", "beta"])
@@ -411,7 +417,7 @@ def test_cluster_health_view_agrees_with_the_api(seeded, api):
 
 # ---------------------------------------------------------------- (d) the read-only role
 
-def grant(url: str, *args: str, env: dict[str, str] | None = None):
+def grant(url: str, *args: str, env: Mapping[str, str | None] | None = None):
     return CliRunner().invoke(main, ["db", "grant-readonly", *args, "--db", url], env=env)
 
 
@@ -421,7 +427,9 @@ def drop_role(url: str, role: str) -> None:
     try:
         with engine.begin() as conn:
             if conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
-                cursor = conn.connection.driver_connection.cursor()
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                cursor = driver.cursor()
                 cursor.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
                 cursor.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
     finally:
@@ -477,7 +485,9 @@ def test_grant_readonly_reads_the_views_and_nothing_else(seeded, api):
             assert conn.execute("SELECT current_user").fetchone() == (role,)
             for view in VIEWS:
                 count = conn.execute(sql.SQL("SELECT count(*) FROM collector_api.{}").format(sql.Identifier(view)))
-                assert count.fetchone()[0] == seeded.scalar(f"SELECT count(*) FROM collector_api.{view}") > 0
+                row = count.fetchone()
+                assert row is not None
+                assert row[0] == seeded.scalar(f"SELECT count(*) FROM collector_api.{view}") > 0
             for panel in panels():  # what Grafana runs, as Grafana's role
                 (target,) = panel["targets"]
                 conn.execute(expand(target["rawSql"], ["alpha", "beta"], panel.get("interval", "5m")))

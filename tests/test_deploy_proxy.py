@@ -110,16 +110,17 @@ class Proxy:
 
 
 def _wait_until_serving(proc: subprocess.Popen, url: str, cafile: str, log: Path) -> None:
+    program = proc.args[0] if isinstance(proc.args, list) else proc.args
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"{program!s} exited with {proc.returncode}:\n{log.read_text()}")
         try:
             requests.get(url, verify=cafile, timeout=2)
             return
         except requests.ConnectionError:
             time.sleep(0.05)
-    raise RuntimeError(f"{proc.args[0]} never served {url}:\n{log.read_text()}")
+    raise RuntimeError(f"{program!s} never served {url}:\n{log.read_text()}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -156,7 +157,8 @@ def nginx_config(tmp_path: Path, tls: Path, upstream: str, read_token: str, port
     # The test binds loopback IPv4 only (a container may have no IPv6).
     for name, text in (("collector.conf", main), ("status-proxy.conf", status)):
         (root / name).write_text("".join(line for line in text.splitlines(keepends=True) if "listen [::]" not in line))
-    temp = "\n".join(f"    {kind}_temp_path {root / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = "\n".join(f"    {kind}_temp_path {root / kind};"
+                     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     # As root, nginx would run its workers as nobody, who cannot enter pytest's 0700 tmp dirs.
     user = "user root;\n" if os.geteuid() == 0 else ""
     (root / "nginx.conf").write_text(f"""{user}worker_processes 1;
@@ -333,8 +335,9 @@ def test_body_limit_through_the_tls_front(proxy):
     headers = {"Authorization": f"Bearer {proxy.collector.token}", "Content-Type": "application/octet-stream"}
 
     def upload(size: int, offset: int = 0) -> requests.Response:
-        return requests.post(proxy.https + "/api/jobs/px-4/logs", params={"file": "a.out", "offset": offset},
-                             data=b"x" * size, headers=headers, verify=proxy.cafile, timeout=30)
+        params: dict[str, str | int] = {"file": "a.out", "offset": offset}
+        return requests.post(proxy.https + "/api/jobs/px-4/logs", params=params, data=b"x" * size, headers=headers,
+                             verify=proxy.cafile, timeout=30)
 
     assert proxy.collector.put("/api/jobs/px-4", json=BODY).status_code == 200
     # A full 1 MiB chunk (what the srtctl streamer sends at most) passes the proxy.
@@ -354,10 +357,11 @@ def test_body_limit_through_the_tls_front(proxy):
 def test_the_longest_file_name_passes_the_proxy(proxy):
     # 4,096 characters (the API's limit), percent-encoded to more than nginx's default 8k line buffer.
     name = ("%%%%/" * 820)[:4092] + ".out"
-    response = requests.post(proxy.https + "/api/jobs/px-5/logs", params={"file": name, "offset": 0},
+    params: dict[str, str | int] = {"file": name, "offset": 0}
+    response = requests.post(proxy.https + "/api/jobs/px-5/logs", params=params,
                              data=b"long\n", headers={"Authorization": f"Bearer {proxy.collector.token}"},
                              verify=proxy.cafile, timeout=30)
-    assert len(response.request.url) > 8192
+    assert len(response.request.url or "") > 8192
     assert (response.status_code, response.json()["stored"]) == (200, 1), response.text
 
 

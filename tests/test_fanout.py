@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import time
@@ -11,6 +12,7 @@ import requests
 from sqlalchemy import text
 
 from tests import sse
+from tests.helpers import wait_for
 from tests.processes import ServerProcess
 from tests.processes import child_env
 
@@ -87,14 +89,6 @@ def ids(frames) -> list[int]:
     return [int(frame.id) for frame in frames]
 
 
-def wait_for(predicate, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.1)
-    return value
-
-
 def test_a_write_through_one_instance_streams_from_the_other(pair, listen):
     a, b = pair
     on_a, on_b = listen(a), listen(b)
@@ -121,11 +115,11 @@ def test_killed_listeners_lose_and_repeat_nothing(pair, listen, postgres, since)
         for i in range(6):  # written while the listeners are down or reconnecting
             put((a, b)[i % 2], f"job-{i % 3}", f"round {round_} write {i}")
         # Every hub connects again: as many listeners as before, none of them an old one.
-        listeners = wait_for(lambda: replaced(postgres, since, listeners), what="new listener connections")
+        listeners = wait_for(functools.partial(replaced, postgres, since, listeners), what="new listener connections")
     put(b, "warm", "done")
     expected = feed_ids(a)
     assert len(expected) == 1 + 3 * 6 + 1
-    for first, stream in zip(firsts, streams):
+    for first, stream in zip(firsts, streams, strict=True):
         assert ids(first + stream.events(len(expected) - 1)) == expected  # each once, in id order
     for server in (a, b):
         assert "event feed reader failed" in server.output

@@ -10,6 +10,7 @@ feed paged with ``after=``. Run with ``-s`` to see the figures docs/operations.m
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import pwd
 import random
@@ -36,6 +37,7 @@ from tests.faultload import Load
 from tests.faultload import Write
 from tests.faultload import stamp
 from tests.faultload import verify
+from tests.helpers import wait_for
 from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
@@ -76,16 +78,6 @@ def workers_of(master: int) -> list[int]:
         if int(fields[1]) == master and fields[0] != "Z":
             pids.append(int(entry.name))
     return sorted(pids)
-
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def assert_stored(report, load: Load, *, events: int | None = None) -> None:
@@ -134,12 +126,18 @@ def test_the_verifier_reports_a_deleted_event_and_altered_bytes(database, serve)
 # --- 1. kill -9 of a worker ------------------------------------------------------------------
 
 
+def replaced_worker(server: ServerProcess, master: int, booted: str, before: int, victim: int) -> bool:
+    """Whether gunicorn booted a worker since ``before`` boots and runs two again, ``victim`` not among them."""
+    return (server.output.count(booted) > before and len(workers_of(master)) == 2
+            and victim not in workers_of(master))
+
+
 def test_kill_9_of_a_gunicorn_worker_under_load(database):
     database.clean()
     server = gunicorn(database.url, workers=2)
     try:
         master = server.proc.pid
-        wait_until(lambda: len(workers_of(master)) == 2, 20, "two workers")
+        wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
         load = Load(server.url, prefix="kill-", threads=6).start()
         replaced = []
         for _ in range(3):
@@ -149,8 +147,8 @@ def test_kill_9_of_a_gunicorn_worker_under_load(database):
             before = server.output.count(booted)
             os.kill(victim, signal.SIGKILL)
             killed = time.monotonic()
-            wait_until(lambda: server.output.count(booted) > before and len(workers_of(master)) == 2
-                       and victim not in workers_of(master), 15, "a replacement worker")
+            wait_for(functools.partial(replaced_worker, server, master, booted, before, victim), 15,
+                     "a replacement worker")
             replaced.append(time.monotonic() - killed)
         time.sleep(1.0)
         load.stop()
@@ -256,7 +254,7 @@ def test_postgresql_restart_recovers_without_restarting_gunicorn(private_postgre
     server = gunicorn(pg.url, workers=2)
     try:
         master = server.proc.pid
-        workers = wait_until(lambda: len(workers_of(master)) == 2 and workers_of(master), 20, "two workers")
+        workers = wait_for(lambda: len(workers_of(master)) == 2 and workers_of(master), 20, "two workers")
         load = Load(server.url, prefix="restart-", threads=6, retry_for=20).start()
         time.sleep(2.0)
         stopping = time.monotonic()
@@ -269,9 +267,9 @@ def test_postgresql_restart_recovers_without_restarting_gunicorn(private_postgre
             time.sleep(0.2)
         pg.pg_ctl("start")
         started = time.monotonic()
-        ready = wait_until(lambda: requests.get(server.url + "/api/ready", timeout=5).status_code == 200
+        ready = wait_for(lambda: requests.get(server.url + "/api/ready", timeout=5).status_code == 200
                            and time.monotonic(), 10, "/api/ready to answer 200 again")
-        wait_until(lambda: load.first_ack_after(started), 10, "a write acknowledged after the restart")
+        first_ack = wait_for(lambda: load.first_ack_after(started), 10, "a write acknowledged after the restart")
         time.sleep(1.5)
         load.stop()
         report = verify(engine, load.writes, url=server.url)
@@ -279,7 +277,7 @@ def test_postgresql_restart_recovers_without_restarting_gunicorn(private_postgre
     finally:
         server.stop()
         engine.dispose()
-    first_write = load.first_ack_after(started) - started
+    first_write = first_ack - started
     figure(f"PostgreSQL restart: stop took {stopped - stopping:.2f} s, held down 1.5 s, start took "
            f"{started - stopped - 1.5:.2f} s; after start, ready 200 in {ready - started:.2f} s and the first write "
            f"acknowledged in {first_write:.2f} s; ready while down {sorted(set(while_down))}; "
@@ -311,7 +309,7 @@ def test_kill_9_of_collector_serve_on_sqlite(tmp_path):
         server = ServerProcess(args, quiet_env())
         load.url = server.url
         restarted = time.monotonic()
-        wait_until(lambda: load.first_ack_after(restarted), 10, "a write acknowledged after the restart")
+        first_ack = wait_for(lambda: load.first_ack_after(restarted), 10, "a write acknowledged after the restart")
         time.sleep(1.5)
         load.stop()
         engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
@@ -322,7 +320,7 @@ def test_kill_9_of_collector_serve_on_sqlite(tmp_path):
         server.stop()
     figure(f"kill -9 collector serve (SQLite): {acked_before} writes acknowledged before the kill; restart "
            f"listening after {restarted - killed:.2f} s, first write acknowledged "
-           f"{load.first_ack_after(restarted) - killed:.2f} s after the kill; {load.summary()}; {report}")
+           f"{first_ack - killed:.2f} s after the kill; {load.summary()}; {report}")
     assert acked_before > 20
     assert_stored(report, load)
 
@@ -425,6 +423,7 @@ def test_clients_that_reset_leave_every_slot_free(database, tmp_path, kind):
     try:
         parts = urlsplit(server.url)
         began = time.monotonic()
+        assert parts.hostname is not None and parts.port is not None
         done = reset_clients((parts.hostname, parts.port))
         spent = time.monotonic() - began
         answered = time.monotonic()
@@ -510,7 +509,7 @@ def test_a_late_put_never_moves_a_finished_job_back(database):
         server.stop()
     # Late ones happened: a PUT sent after a newer one of its job had been acknowledged.
     late_sent = sum(1 for old in puts for new in puts
-                    if old.job_id == new.job_id and old.at < new.at
+                    if old.job_id == new.job_id and old.moment < new.moment
                     and old.attempts[0].started > new.attempts[-1].ended)
     figure(f"late PUTs: {len(puts)} PUTs of 40 jobs shuffled, {late_sent} sent after a newer one was acknowledged; "
            f"final statuses {statuses}; {load.summary()}; {report}")
@@ -542,7 +541,10 @@ def test_requests_that_waited_past_the_queue_timeout_are_shed_not_run(database):
     try:
         parts = urlsplit(server.url)
         holder: list[int] = []
-        hold = threading.Thread(target=lambda: holder.append(trickled_put((parts.hostname, parts.port), 3.0)))
+        host, port = parts.hostname, parts.port
+        assert host is not None and port is not None
+        address = (host, port)
+        hold = threading.Thread(target=lambda: holder.append(trickled_put(address, 3.0)))
         hold.start()
         time.sleep(0.4)
         load = Load(server.url, prefix="", jobs=0)

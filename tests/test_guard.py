@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.wire import raw_exchange
+from tests.helpers import raw_exchange
 
 SUBMIT = {"job_id": "1", "job_name": "n", "submitted_at": "2025-01-26T10:30:00Z"}
 WRITES = [("POST", "/api/jobs"), ("PUT", "/api/jobs/1"), ("DELETE", "/api/jobs/1")]

@@ -1,4 +1,4 @@
-"""collector.health: the status and detail strings of seed 002, for every Slurm node state and flag."""
+"""collector.health: the status and detail strings (its docstring's rules), for every Slurm node state and flag."""
 
 from __future__ import annotations
 

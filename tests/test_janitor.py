@@ -24,6 +24,7 @@ from collector.store.identity import JOB_LOCK
 from collector.sweeper import APPLICATION_NAME
 from collector.sweeper import SWEEPER_LOCK
 from collector.sweeper import lock_path
+from tests.helpers import wait_for
 from tests.processes import ServerProcess
 from tests.processes import child_env
 
@@ -34,17 +35,6 @@ INTERVAL = 1.0
 SLACK = 2.0
 _BOOTED = re.compile(r"Booting worker with pid: (\d+)")
 _BECAME = re.compile(r"\[(\d+)\] INFO collector\.stale: this process \(pid \d+\) is now the stale-job sweeper")
-
-
-def wait_for(check, timeout=10.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- in one process: two janitors on one database -------------------------------------
@@ -137,6 +127,7 @@ def test_the_sweeper_is_visible_where_it_holds_its_lock(janitors, database):
         assert len(sweeper_backends(database)) == 1
     else:
         path = lock_path(janitor.database)
+        assert path is not None
         assert path.name == os.path.basename(janitor.database.engine.url.database) + ".sweeper.lock"
         assert path.read_text() == f"{os.getpid()}\n"
 
@@ -170,7 +161,7 @@ def start_gunicorn(database, **extra) -> ServerProcess:
 
 def booted_workers(server: ServerProcess) -> list[int]:
     """The pids of the three workers, once booted; each starts its janitor at boot, before any request."""
-    booted = wait_for(lambda: len(set(_BOOTED.findall(server.output))) == 3 and _BOOTED.findall(server.output),
+    booted = wait_for(lambda: found if len(set(found := _BOOTED.findall(server.output))) == 3 else None,
                       what="three booted workers")
     return sorted({int(pid) for pid in booted})
 

@@ -141,7 +141,8 @@ def test_exception_is_one_line_with_the_traceback_as_a_string():
     [("", ""),
      ("file=a.out&offset=0", "file=a.out&offset=0"),  # untouched, exactly as sent
      ("token=abc&limit=5", "token=REDACTED&limit=5"),
-     ("access_token=abc&api_key=k&Password=p&cluster=c", "access_token=REDACTED&api_key=REDACTED&Password=REDACTED&cluster=c")],
+     ("access_token=abc&api_key=k&Password=p&cluster=c",
+      "access_token=REDACTED&api_key=REDACTED&Password=REDACTED&cluster=c")],
 )
 def test_credential_query_parameters_are_redacted(query, logged):
     assert redact_query(query) == logged

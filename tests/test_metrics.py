@@ -27,6 +27,7 @@ from collector.openapi import document
 from collector.settings import Settings
 from collector.settings import SettingsError
 from tests import sse
+from tests.helpers import wait_for
 from tests.processes import ROOT
 from tests.processes import ServerProcess
 from tests.processes import child_env
@@ -79,14 +80,6 @@ def put(url: str, job_id: str, status: str = "workers", *, token: str | None = N
     body = {"status": status, "updated_at": updated_at, **({"metadata": {"cluster": cluster}} if cluster else {})}
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return requests.put(f"{url}/api/jobs/{job_id}", json=body, headers=headers, timeout=10)
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := predicate()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
-    return result
 
 
 # -- what the in-process collector counts ------------------------------------------
@@ -213,7 +206,7 @@ def test_pool_gauges_follow_checkouts_and_checkins(database):
     base = gauges()
 
     def moved():
-        return tuple(now - then for now, then in zip(gauges(), base))
+        return tuple(now - then for now, then in zip(gauges(), base, strict=True))
 
     first, second = pool.engine.connect(), pool.engine.connect()
     assert moved() == (2, 0)
@@ -251,7 +244,8 @@ def test_metrics_auth_setting_is_read_and_checked():
     assert Settings.from_env({"COLLECTOR_METRICS_AUTH": " Token "}).metrics_auth == "token"
     with pytest.raises(SettingsError, match=r"^COLLECTOR_METRICS_AUTH must be 'open' or 'token', got 'tokens'$"):
         Settings.from_env({"COLLECTOR_METRICS_AUTH": "tokens"}).check()
-    with pytest.raises(SettingsError, match=r"^COLLECTOR_METRICS_AUTH=token needs the tokens set: set \$SRTCTL_STATUS_TOKEN"):
+    needs = r"^COLLECTOR_METRICS_AUTH=token needs the tokens set: set \$SRTCTL_STATUS_TOKEN"
+    with pytest.raises(SettingsError, match=needs):
         Settings.from_env({"COLLECTOR_METRICS_AUTH": "token"}).check()
     Settings.from_env({"COLLECTOR_METRICS_AUTH": "token", "SRTCTL_STATUS_TOKEN": "w"}).check()
 
@@ -333,7 +327,7 @@ def test_gunicorn_workers_add_up_and_a_killed_worker_keeps_its_counts(database, 
         COLLECTOR_DATABASE_URL=database.url, COLLECTOR_PORT="0", COLLECTOR_WORKERS="2", COLLECTOR_THREADS="4",
         COLLECTOR_MAX_STREAMS="4", PROMETHEUS_MULTIPROC_DIR=str(directory)))
     try:
-        workers = wait_for(lambda: len(booted(server)) == 2 and booted(server), what="two booted workers")
+        workers = wait_for(lambda: found if len(found := booted(server)) == 2 else None, what="two booted workers")
         assert not (directory / "counter_999999.db").exists()
         # Fresh connections, which the two workers accept in turn; more if one got them all.
         sent = 0
@@ -377,13 +371,17 @@ def test_cluster_health_and_stale_marks_are_exported(serve):
         "job_id": "m-s1", "job_name": "n", "submitted_at": "2026-12-03T08:00:00Z", "cluster": "hpc"}).status_code == 201
     body = {"probed_at": stamp(dt.datetime.now(dt.UTC)), "queried_job_ids": ["m-s1"],
             "nodes": [{"name": "n1", "state": "down*"}], "partitions": [{"name": "p", "state": "up"}]}
-    for _ in range(2):  # the second report, past the grace period, finds the job stale
-        assert requests.put(api.url + "/api/clusters/hpc/status", json=body, headers=headers,
-                            timeout=10).status_code == 200
-        time.sleep(0.6)
+    assert requests.put(api.url + "/api/clusters/hpc/status", json=body, headers=headers,
+                        timeout=10).status_code == 200
+    reported = time.monotonic()
+    # A sweep past the grace period finds the job stale.
+    sweep = api.janitor.sweep(now=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.6))
+    assert ([c.job_id for c in sweep.candidates], sweep.marked) == (["m-s1"], 1)
+    since_report = time.monotonic() - reported
     samples = scrape(api.url)
     assert value(samples, "collector_stale_jobs_marked_total", rule="left_queue") == before + 1
     assert {dict(labels)["status"]: v for labels, v in series(samples, "collector_cluster_status").items()} == {
         "available": 0.0, "degraded": 1.0, "unavailable": 0.0}  # nodes, none usable: degraded, "; no usable nodes"
     (age,) = series(samples, "collector_cluster_probe_age_seconds").values()
-    assert 0.5 <= age < 10
+    # Counted on the collector's wall clock from the last report's arrival.
+    assert since_report <= age < 10

@@ -1,4 +1,7 @@
-"""collector.probe against live collectors, with canned sinfo/squeue results (tests/test_slurm_live.py runs the real ones)."""
+"""collector.probe against live collectors, with canned sinfo/squeue results.
+
+tests/test_slurm_live.py runs the real ones.
+"""
 
 from __future__ import annotations
 

@@ -18,14 +18,11 @@ from collector.reporter.transport import Outcome
 from collector.reporter.transport import Transport
 from collector.reporter.transport import env_endpoints
 from collector.reporter.transport import env_token
-from tests.reporting import DROP
-from tests.reporting import HANG
-from tests.reporting import closed_port_url
-from tests.reporting import detail
-from tests.reporting import new_id
-from tests.reporting import recorder  # noqa: F401 - fixture
-from tests.reporting import second_api  # noqa: F401 - fixture
-from tests.reporting import second_database  # noqa: F401 - fixture
+from tests.helpers import DROP
+from tests.helpers import HANG
+from tests.helpers import closed_port_url
+from tests.helpers import detail
+from tests.helpers import new_id
 
 
 def events(api, job_id) -> list[tuple]:
@@ -144,6 +141,7 @@ def test_network_errors_get_two_attempts_http_errors_one(recorder, api):
     flaky = recorder(api.url, drop_first)
     outcome, = Transport([flaky.url], api.token).send("PUT", f"/api/jobs/{job_id}", json={
         "status": "starting", "updated_at": "2026-12-03T10:00:00Z"})
+    assert outcome.body is not None
     assert (outcome.status, outcome.ok, outcome.body["job_id"]) == (200, True, job_id)
     assert len(flaky.requests) == 2 and flaky.requests[0].body == flaky.requests[1].body
     assert detail(api, job_id)["status"] == "starting"
@@ -155,6 +153,7 @@ def test_network_errors_get_two_attempts_http_errors_one(recorder, api):
 
     always = recorder(script=lambda *_: DROP)
     outcome, = Transport([always.url], None).send("GET", "/api/health")
+    assert outcome.error is not None
     assert (outcome.status, outcome.ok, outcome.error.startswith("ConnectionError")) == (None, False, True)
     assert len(always.requests) == 2
 
@@ -165,7 +164,7 @@ def test_a_closed_port_fails_fast_and_never_raises():
     outcome, = Transport([url], None).send("GET", "/api/health")
     assert time.monotonic() - started < 1.0
     assert (outcome.endpoint, outcome.status, outcome.body, outcome.ok) == (url, None, None, False)
-    assert "ConnectionError" in outcome.error
+    assert "ConnectionError" in (outcome.error or "")
     nonsense, = Transport(["not a url"], None).send("GET", "/api/health")
     assert (nonsense.status, nonsense.ok) == (None, False)
     assert StatusReporter(Transport([], None), "1").report("starting") is False
@@ -177,6 +176,7 @@ def test_a_silent_endpoint_costs_timeout_times_attempts(recorder):
     outcome, = Transport([silent.url], None, timeout=0.3).send("GET", "/api/health")
     elapsed = time.monotonic() - started
     assert 0.6 <= elapsed < 1.5
+    assert outcome.error is not None
     assert (outcome.status, outcome.ok, outcome.error.startswith(("ReadTimeout", "Timeout"))) == (None, False, True)
     assert len(silent.requests) == 2
     # A shorter per-request timeout (the streamer's shutdown deadline) lowers it.

@@ -47,7 +47,8 @@ def _ids(server) -> set[str]:
 
 def test_dry_run_reports_and_removes_nothing(seeded, database):
     out = _prune(database, "--older-than", "30", "--dry-run")
-    assert out.startswith("would remove 2 jobs finished before ") and out.endswith("with 2 log/capture files (15 bytes)")
+    assert out.startswith("would remove 2 jobs finished before ")
+    assert out.endswith("with 2 log/capture files (15 bytes)")
     assert _ids(seeded) == {"old-done", "old-failed", "old-running", "new-done"}
 
 

@@ -148,7 +148,8 @@ def test_serving_variables_are_read_once_for_serve_and_gunicorn():
 
 def test_workers_default_to_one_on_sqlite_and_two_per_cpu_on_postgresql():
     assert Settings.from_env({}).worker_count == 1
-    assert Settings.from_env({"COLLECTOR_DATABASE_URL": "postgresql://u@h/db"}).worker_count == 2 * os.cpu_count()
+    cpus = os.cpu_count() or 1
+    assert Settings.from_env({"COLLECTOR_DATABASE_URL": "postgresql://u@h/db"}).worker_count == 2 * cpus
 
 
 @pytest.mark.parametrize("env, message", [

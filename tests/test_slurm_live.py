@@ -15,7 +15,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -23,12 +24,14 @@ from collector import probe
 from collector import slurm
 from collector.reporter.status import StatusReporter
 from collector.reporter.transport import Transport
+from tests.helpers import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NODE = "localhost"
 CTLD_PID = pathlib.Path("/run/slurmctld.pid")
 SETUP = ROOT / ".ci" / "slurm-local.sh"
 USABLE = ("idle", "mixed", "allocated")
+T = TypeVar("T")
 
 
 @functools.cache
@@ -64,21 +67,14 @@ def node_state() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def wait_for(what: str, check, timeout: float = 60, every: float = 0.2):
-    """Poll ``check`` until it returns something truthy; fail with the last value after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+def slurm_wait(what: str, check: Callable[[], T | None], timeout: float = 60, every: float = 0.2) -> T:
+    """tests/helpers.py's ``wait_for`` at Slurm's pace: longer waits, slower polls."""
+    return wait_for(check, timeout, what, every)
 
 
 def wait_usable(timeout: float = 60) -> str:
     """Until the node can run jobs again (it shows idle* or unknown for a few seconds after restarts)."""
-    return wait_for(f"node {NODE} usable", lambda: (s := node_state()) in USABLE and s, timeout)
+    return slurm_wait(f"node {NODE} usable", lambda: s if (s := node_state()) in USABLE else None, timeout)
 
 
 def scontrol(*args: str) -> None:
@@ -163,8 +159,8 @@ def finished(api, job_id: str, batch: Batch) -> dict:
         found = job(api, job_id)
         return found if found.get("status") in ("completed", "failed") else None
     try:
-        return wait_for(f"job {job_id} to finish in the collector", check, timeout=90)
-    except pytest.fail.Exception:
+        return slurm_wait(f"job {job_id} to finish in the collector", check, 90)
+    except AssertionError:  # wait_for's timeout
         print(f"slurm: {batch.slurm_state(job_id)}\n{batch.output(job_id)}")
         raise
 
@@ -190,24 +186,24 @@ def test_wrapped_job_lands_its_lifecycle_log_and_exit_code(api, batch):
     log = api.get(f"/api/jobs/{job_id}/logs", params={"file": f"wrap-{job_id}.out"}).json()
     assert "line-one" in log["data"] and "line-two" in log["data"]
     assert log["final"] is True
-    assert wait_for("Slurm to see the job completed", lambda: batch.slurm_state(job_id) == "COMPLETED")
+    assert slurm_wait("Slurm to see the job completed", lambda: batch.slurm_state(job_id) == "COMPLETED")
 
 
 def test_failing_job_lands_failed_with_its_exit_code(api, batch):
     job_id = batch.wrap("sh -c 'echo about to fail; exit 3'", name="wrapped-fail")
     found = finished(api, job_id, batch)
     assert (found["status"], found["exit_code"]) == ("failed", 3)
-    assert wait_for("Slurm to see the job failed", lambda: batch.slurm_state(job_id) == "FAILED")
+    assert slurm_wait("Slurm to see the job failed", lambda: batch.slurm_state(job_id) == "FAILED")
 
 
 def test_scancel_of_a_running_job_ends_failed(api, batch):
     job_id = batch.wrap("sleep 300", name="wrapped-cancel")
-    wait_for("the job to start", lambda: job(api, job_id).get("status") in ("starting", "running"))
+    slurm_wait("the job to start", lambda: job(api, job_id).get("status") in ("starting", "running"))
     subprocess.run(["scancel", job_id], check=True, timeout=30)
     found = finished(api, job_id, batch)
     assert found["status"] == "failed"
     assert "cancelled" in (found["message"] or "").lower(), found["message"]
-    assert wait_for("Slurm to see the job cancelled", lambda: batch.slurm_state(job_id) == "CANCELLED")
+    assert slurm_wait("Slurm to see the job cancelled", lambda: batch.slurm_state(job_id) == "CANCELLED")
 
 
 def test_job_held_back_by_a_full_node_shows_queued_with_its_reason(api, batch):
@@ -216,7 +212,7 @@ def test_job_held_back_by_a_full_node_shows_queued_with_its_reason(api, batch):
     if not cpus:
         need_local_cluster()
     fillers = [batch.submit("sleep 300", "-c", "1", name="filler") for _ in range(cpus)]
-    wait_for("the node to fill", lambda: all(batch.slurm_state(j) == "RUNNING" for j in fillers))
+    slurm_wait("the node to fill", lambda: all(batch.slurm_state(j) == "RUNNING" for j in fillers))
     # As srtctl does: sbatch, then create the job in the collector with Slurm's id.
     waiting = batch.submit("sleep 1", "-c", "1", name="held")
     after = batch.submit("sleep 1", "-c", str(cpus), name="held-after")
@@ -231,7 +227,7 @@ def test_job_held_back_by_a_full_node_shows_queued_with_its_reason(api, batch):
         reasons = {j: (active.get(j) or {}).get("reason") for j in (waiting, after)}
         return (state, active) if all(reasons.values()) else None
 
-    state, active = wait_for("both jobs queued with a reason", queued, timeout=60, every=0.5)
+    state, active = slurm_wait("both jobs queued with a reason", queued, 60, every=0.5)
     for job_id in (waiting, after):
         assert active[job_id]["phase"] == "queued"
         assert active[job_id]["reason"] in ("Resources", "Priority"), active[job_id]
@@ -244,7 +240,7 @@ def test_draining_the_node_degrades_the_cluster_with_the_reason(api, batch):
     reason = "collector-test drain"
     try:
         scontrol("update", f"nodename={NODE}", "state=drain", f"reason={reason}")
-        wait_for("the node drained", lambda: node_state() == "drained")
+        slurm_wait("the node drained", lambda: node_state() == "drained")
         state = run_probe(api)
         assert (state["status"], state["detail"]) == ("degraded", f"{NODE} drained ({reason}); no usable nodes")
         assert state["probe_silent"] is False
@@ -257,9 +253,10 @@ def test_draining_the_node_degrades_the_cluster_with_the_reason(api, batch):
 def test_stopping_slurmctld_makes_the_cluster_unavailable_with_the_probe_error(api, batch):
     need_local_cluster()
     pid = _ctld_pid()
+    assert pid is not None, "need_local_cluster() found slurmctld"
     try:
         os.kill(pid, 15)
-        wait_for("slurmctld to exit", lambda: not pathlib.Path(f"/proc/{pid}").exists(), timeout=30)
+        slurm_wait("slurmctld to exit", lambda: not pathlib.Path(f"/proc/{pid}").exists(), 30)
         # sinfo retries for about 9 s before it gives up.
         state = run_probe(api)
         assert state["status"] == "unavailable"
@@ -279,11 +276,11 @@ def test_a_job_killed_hard_is_marked_failed_once_it_left_the_queue(serve, tmp_pa
         pid_file = tmp_path / "wrapper.pid"
         # exec: the wrapper keeps the batch shell's pid, which the script writes down first.
         job_id = jobs.wrap("sleep 300", name="wrapped-killed", before=f"echo $$ > {shlex.quote(str(pid_file))}")
-        wait_for("the job to start", lambda: job(api, job_id).get("status") in ("starting", "running"))
+        slurm_wait("the job to start", lambda: job(api, job_id).get("status") in ("starting", "running"))
         # SIGKILL to the wrapper itself (the node dying, the OOM killer): it cannot report anything.
         # scancel --signal=KILL would not do: Slurm cancels with SIGTERM first, which the wrapper reports.
         os.kill(int(pid_file.read_text()), 9)
-        wait_for("Slurm to end the job", lambda: jobs.slurm_state(job_id) in ("FAILED", "CANCELLED"))
+        slurm_wait("Slurm to end the job", lambda: jobs.slurm_state(job_id) in ("FAILED", "CANCELLED"))
         assert job(api, job_id)["status"] in ("starting", "running")
 
         def marked():
@@ -291,7 +288,7 @@ def test_a_job_killed_hard_is_marked_failed_once_it_left_the_queue(serve, tmp_pa
             found = job(api, job_id)
             return found if found.get("status") == "failed" else None
 
-        found = wait_for("the collector to mark the job failed", marked, timeout=30, every=0.5)
+        found = slurm_wait("the collector to mark the job failed", marked, 30, every=0.5)
         assert "marked failed by the collector" in found["message"], found["message"]
         assert "Slurm reported the job" in found["message"], found["message"]
     finally:

@@ -11,15 +11,12 @@ import time
 from collector.reporter.streamer import FINAL_TIMEOUT
 from collector.reporter.streamer import LogStreamer
 from collector.reporter.transport import Transport
-from tests.reporting import DROP
-from tests.reporting import HANG
-from tests.reporting import closed_port_url
-from tests.reporting import log_files
-from tests.reporting import new_id
-from tests.reporting import recorder  # noqa: F401 - fixture
-from tests.reporting import second_api  # noqa: F401 - fixture
-from tests.reporting import second_database  # noqa: F401 - fixture
-from tests.reporting import wait_for
+from tests.helpers import DROP
+from tests.helpers import HANG
+from tests.helpers import closed_port_url
+from tests.helpers import log_files
+from tests.helpers import new_id
+from tests.helpers import wait_for
 
 MiB = 1 << 20
 
@@ -94,7 +91,7 @@ def test_a_chunk_is_resent_verbatim_until_acknowledged(api, recorder, tmp_path):
         what = next(answers, "forward")
         if what == "forward":
             return None
-        answer = wire.forwarded(request)  # the collector stores it; the reporter never learns
+        wire.forwarded(request)  # the collector stores it; the reporter never learns
         return DROP if what == "lost" else (200, {"Content-Type": "application/json"},
                                             b'{"job_id": "someone-else", "stored": 1}')
 
@@ -202,6 +199,7 @@ def test_segments_upload_in_chunks_and_are_deleted_once_every_endpoint_acked(api
     for collector in (api, second_api):
         assert capture(collector, job_id, "out-1.parquet") == segment
         assert capture(collector, job_id, "out-2.parquet") == b""
+    assert streamer.outbox is not None
     assert streamer.outbox.uploaded == ["out-1.parquet", "out-2.parquet"]
 
 

@@ -85,7 +85,8 @@ def test_database_errors_on_api_routes_are_503_not_500(serve):
 @pytest.mark.parametrize("path", ["/api/events/stream", "/api/jobs/1/events/stream", "/api/clusters/stream"])
 def test_a_stream_refused_for_want_of_a_slot_says_when_to_retry(serve, path):
     server = serve(write_token="w", max_streams=0)
-    assert server.put("/api/jobs/1", json={"status": "workers", "updated_at": "2025-01-26T10:35:00Z"}).status_code == 200
+    body = {"status": "workers", "updated_at": "2025-01-26T10:35:00Z"}
+    assert server.put("/api/jobs/1", json=body).status_code == 200
     response = server.get(path, stream=True)
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "5"

@@ -23,8 +23,8 @@ from sqlalchemy import text
 from collector import guard
 from collector import ui
 from collector.contract import format_timestamp
-from tests.test_api_clusters import reported
-from tests.test_api_jobs import put
+from tests.helpers import put
+from tests.helpers import reported
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -332,7 +332,7 @@ def test_detail_pane_overview_timeline_and_raw_metadata(collector, page):
     assert "job=9001" in page.url and "job_cluster=gb300" in page.url
     assert page.get_attribute("#jobs-body tr[data-key$='9001']", "aria-selected") == "true"
     overview = dict(zip(page.locator("dl.overview dt").all_inner_texts(),
-                        page.locator("dl.overview dd").all_inner_texts()))
+                        page.locator("dl.overview dd").all_inner_texts(), strict=True))
     assert overview["cluster"] == "gb300"
     assert overview["exit code"] == "0"
     assert overview["duration"] == "29m 00s"
@@ -676,10 +676,12 @@ class _StatusHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def forward(self, path: str) -> None:
-        upstream = self.server.upstream
-        conn = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=30)
+        server = self.server
+        assert isinstance(server, _StatusProxy)
+        upstream = server.upstream
+        conn = http.client.HTTPConnection(upstream.hostname or "127.0.0.1", upstream.port, timeout=30)
         # The proxy's token replaces whatever the browser sent.
-        conn.request("GET", path, headers={"Authorization": f"Bearer {self.server.token}",
+        conn.request("GET", path, headers={"Authorization": f"Bearer {server.token}",
                                            "Accept": self.headers.get("Accept", "*/*")})
         response = conn.getresponse()
         self.send_response(response.status)
@@ -723,3 +725,199 @@ def test_status_prefix_mode_needs_no_token_in_the_browser(collector, status_prox
     reported(collector, "b200", **DRAINED)
     wait_for_chips(page, [["b200", "degraded", None, "n1 drained (disk)"], ["gb300", "no probe", None, None]],
                    timeout=CLUSTER_LIVE_MS)
+
+
+# ---------------------------------------------------------------- the SSE parser and the ANSI stripper, as units
+
+
+def page_scripts() -> list[str]:
+    """The page's scripts, in the order index.html loads them."""
+    return re.findall(r'<script src="([^"]+)"', (ROOT / "ui" / "index.html").read_text())
+
+
+@pytest.fixture(scope="module")
+def scripts(browser):
+    """A blank page with the page's scripts loaded in order (none starts the page: that waits
+    for DOMContentLoaded, long past); an uncaught script error fails the module."""
+    context = browser.new_context()
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.goto("about:blank")
+    for name in page_scripts():
+        tab.add_script_tag(path=str(ROOT / "ui" / name))
+    yield tab
+    context.close()
+    assert errors == []
+
+
+def test_the_scripts_share_one_namespace_and_keep_state_in_one_object(page):
+    names = page_scripts()
+    assert names[0] == "util.js" and names[-1] == "app.js"
+    page.goto("about:blank")
+    before = set(page.evaluate("Object.keys(window)"))
+    for name in names:
+        page.add_script_tag(path=str(ROOT / "ui" / name))
+    assert set(page.evaluate("Object.keys(window)")) - before == {"C"}
+    assert page.evaluate("typeof C.el === 'function' && typeof C.state.route === 'object'")
+
+
+def event(data: str, type: str = "message", id: str | None = None) -> dict:
+    return {"type": type, "data": data, "id": id}
+
+
+# Each case: the stream's text, as chunks, and the events it holds, exactly.
+SSE_CASES = {
+    "one event": (["data: hello\n\n"], [event("hello")]),
+    "no space after the colon": (["data:hello\n\n"], [event("hello")]),
+    "only one leading space is dropped": (["data:  two\n\n"], [event(" two")]),
+    "colons in the value stay": (["data: a:b: c\n\n"], [event("a:b: c")]),
+    "data lines join with \\n": (["data: one\ndata: two\ndata:\n\n"], [event("one\ntwo\n")]),
+    "a field without a colon has an empty value": (["data\n\nevent\ndata: x\n\n"], [event(""), event("x")]),
+    "event and id fields": (["event: job-event\nid: 42\ndata: {}\n\n"], [event("{}", "job-event", "42")]),
+    # Unlike EventSource's last event id, this parser's id is the event's own: the streams'
+    # cursors travel in the data.
+    "type and id are reset after each event": (["event: a\nid: 1\ndata: x\n\ndata: y\n\n"],
+                                              [event("x", "a", "1"), event("y")]),
+    "comments, retry and unknown fields are ignored": ([": heartbeat\nretry: 1000\nfoo: bar\ndata: x\n:\n: more\n\n"],
+                                                       [event("x")]),
+    "a comment inside an event does not end it": (["data: a\n: ping\ndata: b\n\n"], [event("a\nb")]),
+    "a heartbeat alone dispatches nothing": ([": heartbeat\n\n", ":\n\n"], []),
+    "an event without data dispatches nothing, and its type does not leak": (["event: ping\nid: 9\n\n", "data: z\n\n"],
+                                                                             [event("z")]),
+    "\\r\\n line ends": (["event: a\r\ndata: x\r\ndata: y\r\n\r\n"], [event("x\ny", "a")]),
+    "bare \\r line ends": (["data: x\rdata: y\r\rdata: z\r\n\r\n"], [event("x\ny"), event("z")]),
+    "mixed line ends": (["data: a\r\ndata: b\ndata: c\r\rdata: d\n\n"], [event("a\nb\nc"), event("d")]),
+    "\\r\\n split between chunks is one line end": (["data: x\r", "\ndata: y\r", "\n\r", "\n"], [event("x\ny")]),
+    # A \r at the end of what arrived may be half of \r\n: the line waits for the next chunk.
+    "a final \\r waits for the next chunk": (["data: x\r\r"], []),
+    "a frame split mid-field and mid-line": (["ev", "ent: job-", "event\nda", 'ta: {"id"', ": 7}\n", "\n"],
+                                             [event('{"id": 7}', "job-event")]),
+    "several frames in one chunk": (["data: 1\n\ndata: 2\n\nevent: e\ndata: 3\n\n"],
+                                    [event("1"), event("2"), event("3", "e")]),
+    "an unfinished frame is held back": (["data: 1\n\ndata: 2\n"], [event("1")]),
+    "text beyond ASCII": (["data: ✓ naïve 🚀 漢字\n\n"], [event("✓ naïve 🚀 漢字")]),
+    "JSON with escaped newlines stays one line": (['data: {"message": "a\\nb"}\n\n'], [event('{"message": "a\\nb"}')]),
+}
+
+# Feeds ``chunks`` to a new C.SSEParser, then the same text whole, one UTF-16 unit at a time
+# and cut in two at every place: one result per way.
+PARSE_EVERY_WAY = """chunks => {
+    const parse = (parts) => {
+        const events = [];
+        const parser = new C.SSEParser((event) => events.push(event));
+        for (const part of parts) parser.feed(part);
+        return events;
+    };
+    const text = chunks.join("");
+    const ways = { "as sent": parse(chunks), whole: parse([text]), "one unit at a time": parse(text.split("")) };
+    for (let i = 1; i < text.length; i++) ways[`cut at ${i}`] = parse([text.slice(0, i), text.slice(i)]);
+    return ways;
+}"""
+
+
+@pytest.mark.parametrize("case", SSE_CASES)
+def test_sse_parser(scripts, case):
+    chunks, expected = SSE_CASES[case]
+    ways = scripts.evaluate(PARSE_EVERY_WAY, chunks)
+    assert ways["as sent"] == expected
+    assert {way: events for way, events in ways.items() if events != expected} == {}
+
+
+# C.readEvents over a body of byte chunks, as fetch hands it over: decoding, then parsing.
+READ_BYTES = """async chunks => {
+    const events = [];
+    const body = new ReadableStream({
+        start(controller) {
+            for (const chunk of chunks) controller.enqueue(new Uint8Array(chunk));
+            controller.close();
+        },
+    });
+    await C.readEvents(body, (event) => events.push(event));
+    return events;
+}"""
+
+
+def byte_chunks(data: bytes, *cuts: int) -> list[list[int]]:
+    edges = [0, *cuts, len(data)]
+    return [list(data[a:b]) for a, b in zip(edges, edges[1:], strict=False)]
+
+
+def test_sse_reader_decodes_utf8_split_anywhere(scripts):
+    text = "data: ✓ é 🚀 漢\r\n\r\n"
+    data = text.encode()
+    expected = [event("✓ é 🚀 漢")]
+    for cut in range(1, len(data)):  # inside every multibyte character too
+        assert scripts.evaluate(READ_BYTES, byte_chunks(data, cut)) == expected, cut
+    assert scripts.evaluate(READ_BYTES, byte_chunks(data, *range(1, len(data)))) == expected
+
+
+def test_sse_reader_drops_a_bom_and_replaces_bad_bytes(scripts):
+    data = b"\xef\xbb\xbfdata: a\xffb\n\n"
+    assert scripts.evaluate(READ_BYTES, byte_chunks(data, 1, 2)) == [event("a\ufffdb")]
+
+
+def test_sse_reader_ends_quietly_on_a_broken_body(scripts):
+    # One event, then half of another, then the connection breaks: readEvents resolves (the
+    # caller reconnects) with the whole event delivered and the half dropped.
+    events = scripts.evaluate("""async () => {
+        const events = [];
+        let delivered;
+        const first = new Promise((resolve) => (delivered = resolve));
+        let pulls = 0;
+        const body = new ReadableStream({
+            async pull(controller) {
+                if (pulls++ === 0) {
+                    controller.enqueue(new TextEncoder().encode("id: 1\\ndata: whole\\n\\ndata: half"));
+                    return;
+                }
+                await first;
+                controller.error(new TypeError("network error"));
+            },
+        });
+        await C.readEvents(body, (event) => { events.push(event); delivered(); });
+        return events;
+    }""")
+    assert events == [event("whole", id="1")]
+
+
+ESC = "\x1b"
+# Each case: a log's text and what C.stripAnsi leaves of it, exactly.
+ANSI_CASES = {
+    "plain text": ("plain text", "plain text"),
+    "empty": ("", ""),
+    "colours": (f"{ESC}[32mINFO{ESC}[0m loading", "INFO loading"),
+    "bold red, reset without a number": (f"{ESC}[1;31mERROR{ESC}[m done", "ERROR done"),
+    "256 and 24-bit colours": (f"{ESC}[38;5;196mred{ESC}[38;2;255;128;0morange{ESC}[39m", "redorange"),
+    "cursor moves and erases": (f"{ESC}[2K{ESC}[1Gstep 3/10{ESC}[3A{ESC}[10;20H{ESC}[J", "step 3/10"),
+    "private modes": (f"{ESC}[?25lhidden{ESC}[?25h {ESC}[?2004h", "hidden "),
+    "an intermediate byte": (f"{ESC}[2 qblock", "block"),
+    "an OSC title ended by BEL": (f"{ESC}]0;user@host: ~\x07text", "text"),
+    "an OSC hyperlink ended by ST": (f"{ESC}]8;;http://example.test/x{ESC}\\link{ESC}]8;;{ESC}\\ after",
+                                     "link after"),
+    "two-byte escapes": (f"a{ESC}Mb{ESC}Dc{ESC}Ed{ESC}\\e", "abcde"),
+    "control characters other than ESC stay": ("10%\r50%\r100%\t\x07\n", "10%\r50%\r100%\t\x07\n"),
+    "text beyond ASCII": (f"✓ naïve 🚀 {ESC}[1m漢字{ESC}[0m", "✓ naïve 🚀 漢字"),
+    "several in a row": (f"{ESC}[0m{ESC}[1m{ESC}[4m{ESC}[31mx{ESC}[0m{ESC}[K", "x"),
+    # Partial sequences, as at the end of a chunk: nothing is guessed, they stay as they are.
+    "a lone ESC at the end": (f"tail {ESC}", f"tail {ESC}"),
+    "ESC [ at the end": (f"tail {ESC}[", f"tail {ESC}["),
+    "a CSI without its final byte": (f"tail {ESC}[1;3", f"tail {ESC}[1;3"),
+    # The log view strips each read on its own, so a sequence cut between reads shows its halves.
+    "the first half of a cut CSI": (f"step 2 {ESC}[1;", f"step 2 {ESC}[1;"),
+    "the second half of a cut CSI": ("31mERROR", "31mERROR"),
+    # Any byte from @ to ~ ends a CSI, so an unterminated one takes the next letter with it.
+    "a CSI ended by the next letter": (f"{ESC}[31hello", "ello"),
+    "an unterminated OSC: only ESC ] goes": (f"{ESC}]0;title never ends", "0;title never ends"),
+    "an OSC cut by another sequence": (f"{ESC}]0;t{ESC}[31mred", "0;tred"),
+    # Not covered: two-byte escapes below @ or above _ (ESC 7 and ESC 8 save and restore the
+    # cursor, ESC c resets the terminal) stay in the text.
+    "ESC 7, ESC 8 and ESC c stay": (f"{ESC}7saved{ESC}8 {ESC}c", f"{ESC}7saved{ESC}8 {ESC}c"),
+}
+
+
+@pytest.mark.parametrize("case", ANSI_CASES)
+def test_ansi_stripper(scripts, case):
+    text, expected = ANSI_CASES[case]
+    # Twice: the pattern is global, and a stale lastIndex must not change the second answer.
+    assert scripts.evaluate("text => [C.stripAnsi(text), C.stripAnsi(text)]", text) == [expected, expected]

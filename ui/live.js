@@ -46,6 +46,24 @@
     }
   };
 
+  /**
+   * Hand each event of ``body`` (a stream of UTF-8 bytes, as fetch gives it) to ``onEvent``;
+   * resolves when the body ends or breaks (a broken body ends the stream as a closed one does).
+   */
+  C.readEvents = async function (body, onEvent) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    const parser = new C.SSEParser(onEvent);
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        parser.feed(value);
+      }
+    } catch (error) {
+      // The caller reconnects.
+    }
+  };
+
   /** A 401 or 403: polling would be refused too, so only a new token (or a later retry) helps. */
   const refused = (error) => error instanceof C.ApiError && (error.status === 401 || error.status === 403);
   const why = (error) => (error instanceof C.ApiError && error.status ? `${error.status} ${error.detail}` : "no connection");
@@ -87,17 +105,7 @@
 
     /** Hand each event of ``response`` to ``onEvent`` until the body ends; false if the connection restarted meanwhile. */
     async consume(response, generation, onEvent) {
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      const parser = new C.SSEParser(onEvent);
-      try {
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          parser.feed(value);
-        }
-      } catch (error) {
-        // A broken body ends the stream as a closed one does: the caller reconnects.
-      }
+      await C.readEvents(response.body, onEvent);
       return generation === this.generation;
     }
   }

@@ -40,7 +40,7 @@ def read_body() -> bytes:
     if request.content_length is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
         # A chunked body has no length for the guard to check up front, and werkzeug
         # would cut it at the limit silently: read one byte past it to tell.
-        data = request.environ["wsgi.input"].read(limit + 1)
+        data: bytes = request.environ["wsgi.input"].read(limit + 1)
         if len(data) > limit:
             raise APIError(f"chunked body exceeds the {limit}-byte limit", status=413)
         return data

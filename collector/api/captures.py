@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
+from sqlalchemy import Connection
 
 from collector import metrics
 from collector.api import checked_job_id
@@ -33,14 +34,14 @@ bp = Blueprint("captures", __name__, url_prefix="/api/jobs")
 
 @bp.post("/<job_id>/captures")
 @operation(query=CaptureUploadQuery, body={BINARY: RAW}, responses={200: CaptureUploadResponse}, errors=(409,))
-def upload_capture(job_id: str):
+def upload_capture(job_id: str) -> Response:
     """Store one sequential chunk of a capture segment."""
     job_id = checked_job_id(job_id)
     query = parse_query(CaptureUploadQuery)
     data = read_body()
     now = dt.datetime.now(dt.UTC)
 
-    def store(conn):
+    def store(conn: Connection) -> tuple[int, bool, capture_store.Progress]:
         job_pk, _, created = job_store.ensure(conn, job_id, query.cluster, now)
         return job_pk, created, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
 
@@ -53,14 +54,14 @@ def upload_capture(job_id: str):
 
 @bp.get("/<job_id>/captures")
 @operation(query=BlobReadQuery, responses={200: {JSON: CaptureFileList, BINARY: RAW}}, errors=(404, 409))
-def read_captures(job_id: str):
+def read_captures(job_id: str) -> Response:
     """Without ``file``, the job's segments; with it, a complete segment's bytes."""
     job_id = checked_job_id(job_id)
     query = parse_query(BlobReadQuery)
     if query.file is not None:
         return _download(job_id, query.cluster, query.file)
 
-    def listing(conn):
+    def listing(conn: Connection) -> CaptureFileList:
         job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
         return CaptureFileList(job_id=job_id, cluster=cluster, files=[
             CaptureFile(file=f["name"], size=f["size"], complete=f["done"], updated_at=f["updated_at"])
@@ -71,7 +72,7 @@ def read_captures(job_id: str):
 
 
 def _download(job_id: str, cluster: str | None, name: str) -> Response:
-    def find(conn):
+    def find(conn: Connection) -> tuple[int, blobs.FileRow]:
         job_pk = job_store.resolve(conn, job_id, cluster)[0]
         return job_pk, capture_store.complete_segment(conn, job_pk, name)
 

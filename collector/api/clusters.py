@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 
 from flask import Blueprint
+from flask import Response
 from flask import current_app
 from pydantic import TypeAdapter
 from pydantic import ValidationError
+from sqlalchemy import Connection
 
 from collector import health
 from collector.api import parse_body
@@ -45,13 +47,13 @@ def _now() -> dt.datetime:
 
 @bp.get("")
 @operation(responses={200: ClusterListResponse})
-def list_clusters():
+def list_clusters() -> Response:
     """Every cluster holding a job or probed: health, job counts by status and active jobs (no cluster: null, last)."""
     return respond(ClusterListResponse(clusters=transaction(lambda conn: cluster_store.states(conn, _now()))))
 
 
 def _status_response(cluster: str, now: dt.datetime) -> ClusterStatusResponse:
-    def read(conn):
+    def read(conn: Connection) -> ClusterStatusResponse:
         (state,) = cluster_store.states(conn, now, cluster)
         return ClusterStatusResponse(**dict(state), watch=cluster_store.watch(conn, cluster))
 
@@ -60,21 +62,21 @@ def _status_response(cluster: str, now: dt.datetime) -> ClusterStatusResponse:
 
 @bp.get("/<cluster>/status")
 @operation(responses={200: ClusterStatusResponse})
-def cluster_status(cluster: str):
+def cluster_status(cluster: str) -> Response:
     """One cluster as GET /api/clusters lists it, plus the job ids its probe should ask Slurm about."""
     return respond(_status_response(checked_cluster(cluster), _now()))
 
 
 @bp.put("/<cluster>/status")
 @operation(body={JSON: ClusterStatusReport}, responses={200: ClusterStatusResponse})
-def report_status(cluster: str):
+def report_status(cluster: str) -> Response:
     """Record what a probe of the cluster saw (``collector probe``); the collector derives the health."""
     cluster = checked_cluster(cluster)
     report = parse_body(ClusterStatusReport)
     status, detail = health.derive(report.error, report.nodes, report.partitions)
     now = _now()
 
-    def write(conn):
+    def write(conn: Connection) -> None:
         cluster_store.save_probe(conn, cluster, report, Health(status), detail, now)
         cluster_store.observe_jobs(conn, cluster, report, now)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint
+from flask import Response
 
 from collector.api import parse_query
 from collector.api import respond
@@ -17,7 +18,7 @@ bp = Blueprint("events", __name__, url_prefix="/api/events")
 
 @bp.get("")
 @operation(query=FeedQuery, responses={200: EventFeedResponse})
-def feed():
+def feed() -> Response:
     """Events after a cursor, optionally for one job id and/or one cluster."""
     query = parse_query(FeedQuery)
     events = transaction(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint
+from flask import Response
+from sqlalchemy import Connection
 
 from collector import fanout
 from collector import metrics
@@ -19,6 +21,7 @@ from collector.contract import DeleteResponse
 from collector.contract import JobCreatePayload
 from collector.contract import JobDetail
 from collector.contract import JobEventListResponse
+from collector.contract import JobEventRecord
 from collector.contract import JobListResponse
 from collector.contract import JobResponse
 from collector.contract import JobUpdatePayload
@@ -35,7 +38,7 @@ bp = Blueprint("jobs", __name__, url_prefix="/api/jobs")
 log = logging.getLogger("collector.jobs")
 
 
-def _written(result: WriteResult, status: int) -> object:
+def _written(result: WriteResult, status: int) -> Response:
     if result.event is not None:
         # PostgreSQL tells every process (NOTIFY); SQLite's only wake-up besides polling.
         fanout.get_hub().poke()
@@ -54,7 +57,7 @@ def _written(result: WriteResult, status: int) -> object:
 
 @bp.post("")
 @operation(body={JSON: JobCreatePayload}, responses={201: JobResponse}, errors=(409,))
-def create_job():
+def create_job() -> Response:
     """Record a submitted job; a repeat completes identity and never rewinds status."""
     payload = parse_body(JobCreatePayload)
     return _written(transaction(lambda conn: job_store.submit(conn, payload), write=True), 201)
@@ -62,7 +65,7 @@ def create_job():
 
 @bp.put("/<job_id>")
 @operation(body={JSON: JobUpdatePayload}, responses={200: JobResponse}, errors=(409,))
-def update_job(job_id: str):
+def update_job(job_id: str) -> Response:
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
@@ -77,7 +80,7 @@ def update_job(job_id: str):
 
 @bp.get("/<job_id>")
 @operation(query=ClusterQuery, responses={200: JobDetail}, errors=(404, 409))
-def get_job(job_id: str):
+def get_job(job_id: str) -> Response:
     """One job with its events."""
     query = parse_query(ClusterQuery)
     job_id = checked_job_id(job_id)
@@ -86,7 +89,7 @@ def get_job(job_id: str):
 
 @bp.get("")
 @operation(query=JobListQuery, responses={200: JobListResponse})
-def list_jobs():
+def list_jobs() -> Response:
     """Jobs newest first (or as ``sort`` and ``order`` say), filtered and searched, one page at a time."""
     query = parse_query(JobListQuery)
     found = transaction(
@@ -107,12 +110,12 @@ def list_jobs():
 
 @bp.get("/<job_id>/events")
 @operation(query=EventQuery, responses={200: JobEventListResponse}, errors=(404, 409))
-def job_events(job_id: str):
+def job_events(job_id: str) -> Response:
     """One job's events after a cursor."""
     query = parse_query(EventQuery)
     job_id = checked_job_id(job_id)
 
-    def read(conn):
+    def read(conn: Connection) -> tuple[str | None, list[JobEventRecord]]:
         job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
         return cluster, event_store.job_events(conn, job_pk, after=query.after, limit=query.limit)
 
@@ -126,7 +129,7 @@ def job_events(job_id: str):
 
 @bp.delete("/<job_id>")
 @operation(query=ClusterQuery, responses={200: DeleteResponse}, errors=(404, 409))
-def delete_job(job_id: str):
+def delete_job(job_id: str) -> Response:
     """Remove a job and everything stored under it."""
     query = parse_query(ClusterQuery)
     job_id = checked_job_id(job_id)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 from flask import Blueprint
+from flask import Response
 from flask import request
+from sqlalchemy import Connection
 
 from collector import metrics
 from collector.api import checked_job_id
@@ -35,7 +37,7 @@ bp = Blueprint("logs", __name__, url_prefix="/api/jobs")
 @bp.post("/<job_id>/logs")
 @operation(query=LogUploadQuery, body={BINARY: RAW, JSON: LegacyLogPayload}, responses={200: LogUploadResponse},
            errors=(409,))
-def upload_logs(job_id: str):
+def upload_logs(job_id: str) -> Response:
     """Store log bytes at their source offset (raw body, or the legacy JSON chunk list)."""
     job_id = checked_job_id(job_id)
     now = dt.datetime.now(dt.UTC)
@@ -48,7 +50,7 @@ def upload_logs(job_id: str):
         cluster = query.cluster
         chunks = [(query.file, query.offset, read_body(), query.final)]
 
-    def store(conn) -> tuple[bool, list[log_store.Appended]]:
+    def store(conn: Connection) -> tuple[bool, list[log_store.Appended]]:
         job_pk, _, created = job_store.ensure(conn, job_id, cluster, now)
         return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
                          for name, offset, data, final in chunks]
@@ -61,12 +63,12 @@ def upload_logs(job_id: str):
 
 @bp.get("/<job_id>/logs")
 @operation(query=BlobReadQuery, responses={200: {JSON: (LogFileList, LogContent)}}, errors=(404, 409))
-def read_logs(job_id: str):
+def read_logs(job_id: str) -> Response:
     """Without ``file``, the job's log files; with it, text from ``offset``."""
     job_id = checked_job_id(job_id)
     query = parse_query(BlobReadQuery)
 
-    def read(conn):
+    def read(conn: Connection) -> LogFileList | LogContent:
         job_pk, cluster = job_store.resolve(conn, job_id, query.cluster)
         if query.file is None:
             return LogFileList(job_id=job_id, cluster=cluster, files=[

@@ -52,7 +52,7 @@ class ClusterQuery(_Query):
     cluster: ClusterArg = None
 
 
-class JobSort(str, enum.Enum):
+class JobSort(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and f-strings of a member
     """What ``GET /api/jobs`` can be ordered by."""
 
     SUBMITTED = "submitted"
@@ -62,7 +62,7 @@ class JobSort(str, enum.Enum):
     CLUSTER = "cluster"
 
 
-class SortOrder(str, enum.Enum):
+class SortOrder(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and f-strings of a member
     ASC = "asc"
     DESC = "desc"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from flask import Blueprint
 from flask import Response
@@ -21,6 +22,7 @@ from collector.errors import Unprocessable
 from collector.openapi import EVENT_STREAM
 from collector.openapi import SSE
 from collector.openapi import operation
+from collector.settings import Settings
 from collector.store import jobs as job_store
 
 bp = Blueprint("streams", __name__)
@@ -36,7 +38,7 @@ STREAM_HEADERS = {
 
 @bp.get("/api/events/stream")
 @operation(query=StreamQuery, headers=RESUME, responses={200: {EVENT_STREAM: SSE}})
-def all_events():
+def all_events() -> Response:
     """Every job's events as they commit, optionally filtered by job id, cluster and status."""
     query = parse_query(StreamQuery)
     where = fanout.Filter(job_id=query.job_id, cluster=query.cluster, status=_status(query))
@@ -45,7 +47,7 @@ def all_events():
 
 @bp.get("/api/jobs/<job_id>/events/stream")
 @operation(query=JobStreamQuery, headers=RESUME, responses={200: {EVENT_STREAM: SSE}}, errors=(404, 409))
-def job_events(job_id: str):
+def job_events(job_id: str) -> Response:
     """One job's events as they commit."""
     query = parse_query(JobStreamQuery)
     job_id = checked_job_id(job_id)
@@ -64,7 +66,8 @@ def _resume_from(after: int | None) -> int | None:
     if not header:
         return after
     if not (header.isascii() and header.isdigit()) or int(header) > MAX_CURSOR:
-        raise Unprocessable(f"Last-Event-ID must be an event id (an integer from 0 to {MAX_CURSOR}), got {header[:40]!r}")
+        raise Unprocessable(f"Last-Event-ID must be an event id (an integer from 0 to {MAX_CURSOR}), "
+                            f"got {header[:40]!r}")
     return int(header)
 
 
@@ -81,7 +84,7 @@ def open_stream(hub: fanout.Hub) -> int:
         raise APIError(str(exc), status=503, headers={"Retry-After": "5"}) from None
 
 
-def stream_response(hub: fanout.Hub, body) -> Response:
+def stream_response(hub: fanout.Hub, body: Iterator[bytes]) -> Response:
     """The response that sends ``body`` and gives the slot back when it ends."""
     response = Response(body, mimetype="text/event-stream", headers=STREAM_HEADERS)
     # Not a finally in the generator: one that never started never runs it.
@@ -92,7 +95,8 @@ def stream_response(hub: fanout.Hub, body) -> Response:
 def lifetime() -> float:
     """How long the stream about to open may last."""
     # Jittered, so streams opened together (after a deploy, say) do not all reconnect together.
-    return current_app.config["COLLECTOR_SETTINGS"].stream_max_lifetime_s * random.uniform(0.9, 1.0)
+    settings: Settings = current_app.config["COLLECTOR_SETTINGS"]
+    return settings.stream_max_lifetime_s * random.uniform(0.9, 1.0)
 
 
 def _stream(where: fanout.Filter, after: int | None) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint
+from flask import Response
 from flask import current_app
 from flask import g
 from flask import jsonify
@@ -31,14 +32,14 @@ READY_RETRY_AFTER_S = 5
 
 @bp.get("/health")
 @operation(responses={200: HealthResponse})
-def health():
+def health() -> Response:
     """The process is up; says nothing else."""
     return respond(HealthResponse(status="ok"))
 
 
 @bp.get("/openapi.json")
 @operation(responses={200: {JSON: {"type": "object", "description": "this document"}}})
-def openapi_document():
+def openapi_document() -> Response:
     """The OpenAPI 3.1 document of this collector, built from its routes and models."""
     return jsonify(served(current_app))
 
@@ -50,7 +51,7 @@ def revision_of(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def unavailable(body: ReadyResponse):
+def unavailable(body: ReadyResponse) -> Response:
     """A 503 readiness answer; load balancers and clients may probe again after Retry-After."""
     response = respond(body, 503)
     response.headers["Retry-After"] = str(READY_RETRY_AFTER_S)
@@ -59,7 +60,7 @@ def unavailable(body: ReadyResponse):
 
 @bp.get("/ready")
 @operation(responses={200: ReadyResponse, 503: ReadyResponse})
-def ready():
+def ready() -> Response:
     """The database answers and its schema is the one this code needs."""
     try:
         # Through Database.run, so a pooled connection that died with a database restart

@@ -44,7 +44,7 @@ def report() -> None:
 @click.option("--job-name", default=None, help="Job name (default: $SLURM_JOB_NAME, else the job id).")
 @click.option("--recipe", default=None, help="Recipe or script path to record.")
 @click.option("--metadata", default=None, metavar="JSON", help="Metadata object, as JSON.")
-def submit(client: Client, strict, job_name, recipe, metadata) -> None:
+def submit(client: Client, strict: bool, job_name: str | None, recipe: str | None, metadata: str | None) -> None:
     """Register the job (POST /api/jobs), e.g. on the login node right after sbatch."""
     try:
         extra = json.loads(metadata) if metadata else None
@@ -62,7 +62,7 @@ def submit(client: Client, strict, job_name, recipe, metadata) -> None:
 @click.argument("status", type=click.Choice(STATUSES))
 @click.option("--stage", type=click.Choice(STAGES), default=None, help="Stage being entered.")
 @click.option("--message", default=None, help="Free text shown with the status.")
-def status(client: Client, strict, status, stage, message) -> None:
+def status(client: Client, strict: bool, status: str, stage: str | None, message: str | None) -> None:
     """Report STATUS, the stage the job is entering (completed and failed end it)."""
     _done(client.reporter().report(status, stage, message), "status", strict)
 
@@ -73,7 +73,7 @@ def status(client: Client, strict, status, stage, message) -> None:
 @click.option("--job-name", default=None, help="Job name (default: $SLURM_JOB_NAME).")
 @click.option("--head-node", default=None, help="Head node (default: this host's name).")
 @click.option("--log-dir", default=None, help="The run's log directory on the cluster filesystem.")
-def started(client: Client, strict, job_name, head_node, log_dir) -> None:
+def started(client: Client, strict: bool, job_name: str | None, head_node: str | None, log_dir: str | None) -> None:
     """Report starting/starting "Job started on <head>" with started_at and the job's identity."""
     acknowledged = client.reporter().report_started(
         job_name=job_name or os.environ.get("SLURM_JOB_NAME"), head_node=head_node,
@@ -86,7 +86,7 @@ def started(client: Client, strict, job_name, head_node, log_dir) -> None:
 @strict_option
 @click.option("--exit-code", type=int, required=True, help="The job's exit code: 0 completed, else failed.")
 @click.option("--logs-url", default=None, help="Where the logs were uploaded.")
-def completed(client: Client, strict, exit_code, logs_url) -> None:
+def completed(client: Client, strict: bool, exit_code: int, logs_url: str | None) -> None:
     """Report completed (exit code 0) or failed "Job failed with exit code N"."""
     _done(client.reporter().report_completed(exit_code, logs_url=logs_url), "completed", strict)
 
@@ -102,7 +102,7 @@ outbox_option = click.option("--outbox", type=click.Path(file_okay=False), defau
 @interval_option
 @outbox_option
 @click.argument("directory", type=click.Path(file_okay=False))
-def stream_logs(client: Client, interval, outbox, directory) -> None:
+def stream_logs(client: Client, interval: float, outbox: str | None, directory: str) -> None:
     """Stream new bytes of DIRECTORY's log files until SIGTERM or SIGINT, then flush once more (at most 5 s)."""
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -124,7 +124,8 @@ def stream_logs(client: Client, interval, outbox, directory) -> None:
 @click.option("--signal-grace", type=click.FloatRange(min=0), default=SIGNAL_GRACE, show_default=True,
               metavar="SECONDS", help="After forwarding SIGTERM/SIGINT, kill the command if it is still running.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def wrap(client: Client, interval, outbox, log_dir, job_name, signal_grace, command) -> None:
+def wrap(client: Client, interval: float, outbox: str | None, log_dir: str | None, job_name: str | None,
+         signal_grace: float, command: tuple[str, ...]) -> None:
     """Run COMMAND with the whole lifecycle reported: started, its output streamed, completed or failed."""
     raise SystemExit(wrap_command(client, list(command), log_dir=log_dir, outbox=outbox, interval=interval,
                          job_name=job_name or os.environ.get("SLURM_JOB_NAME"), signal_grace=signal_grace))

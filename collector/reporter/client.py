@@ -6,6 +6,9 @@ import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
 
 import click
 
@@ -17,6 +20,7 @@ from collector.reporter.transport import Transport
 from collector.reporter.transport import env_endpoints
 from collector.reporter.transport import env_token
 
+T = TypeVar("T")
 
 @dataclasses.dataclass
 class Client:
@@ -42,7 +46,7 @@ class Client:
                            outbox=outbox)
 
 
-def client_options(command):
+def client_options(command: Callable[..., T]) -> Callable[..., T]:
     """The options every client command takes; the command receives a ``client`` argument."""
     @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
                   help=f"Collector base URL; repeatable, each gets everything (default: ${ENDPOINTS_ENV}, "
@@ -55,7 +59,8 @@ def client_options(command):
                   help="Seconds per request attempt.")
     @click.option("-v", "--verbose", is_flag=True, help="Also log every failed request (DEBUG).")
     @functools.wraps(command)
-    def wrapper(endpoints, cluster, job_id, token_env, timeout, verbose, **kwargs):
+    def wrapper(endpoints: tuple[str, ...], cluster: str | None, job_id: str | None, token_env: str, timeout: float,
+                verbose: bool, **kwargs: Any) -> T:
         logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                             format="collector: %(levelname)s %(message)s")
         # urllib3 logs every connection at DEBUG; only ours matter here.

@@ -26,7 +26,7 @@ log = logging.getLogger("collector.reporter")
 
 def segments(outbox: str) -> dict[str, os.stat_result]:
     """The sealed segments directly in ``outbox``: name to its stat."""
-    found = {}
+    found: dict[str, os.stat_result] = {}
     try:
         entries = sorted(os.scandir(outbox), key=lambda e: e.name)
     except OSError:

@@ -33,7 +33,7 @@ class StatusReporter:
         self.job_id = str(job_id)
         self.cluster = cluster or None
 
-    def create(self, job_name: str, *, recipe: str | None = None, metadata: dict | None = None,
+    def create(self, job_name: str, *, recipe: str | None = None, metadata: dict[str, Any] | None = None,
                submitted_at: str | None = None) -> bool:
         """Register the job (srtctl's create_job_record); True when every endpoint answered 201."""
         payload = dict(job_id=self.job_id, job_name=job_name, submitted_at=submitted_at or now(),
@@ -51,7 +51,7 @@ class StatusReporter:
         return self._send("PUT", f"/api/jobs/{self.job_id}", payload, 200)
 
     def report_started(self, *, job_name: str | None = None, head_node: str | None = None,
-                       log_dir: str | None = None, metadata: dict | None = None) -> bool:
+                       log_dir: str | None = None, metadata: dict[str, Any] | None = None) -> bool:
         """``starting``/``starting`` "Job started on <head>" with started_at and the identity metadata."""
         head = head_node or socket.gethostname()
         started = {**(metadata or {}), "job_name": job_name, "cluster": self.cluster, "head_node": head,
@@ -75,7 +75,7 @@ class StatusReporter:
             logs_url=logs_url,
         )
 
-    def _send(self, method: str, path: str, payload: dict, ok: int) -> bool:
+    def _send(self, method: str, path: str, payload: dict[str, Any], ok: int) -> bool:
         body = {k: v for k, v in payload.items() if v is not None}
         outcomes = self.transport.send(method, path, json=body, ok=(ok,))
         return bool(outcomes) and all(o.ok for o in outcomes)

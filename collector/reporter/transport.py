@@ -29,7 +29,7 @@ class Outcome:
 
     endpoint: str
     status: int | None
-    body: dict | None
+    body: dict[str, Any] | None
     ok: bool
     error: str | None
 
@@ -40,7 +40,10 @@ class Outcome:
 
 
 def env_token(token_env: str | None = None) -> str | None:
-    """The bearer token from the variable named ``token_env`` (default SRTCTL_STATUS_TOKEN); None when unset or empty."""
+    """The bearer token from the variable named ``token_env`` (default SRTCTL_STATUS_TOKEN).
+
+    None when unset or empty.
+    """
     return os.environ.get(token_env or DEFAULT_TOKEN_ENV) or None
 
 
@@ -64,15 +67,16 @@ class Transport:
         # Persistent connections for the streamer; srtctl's status reporter opens one per request.
         self._sessions = {e: requests.Session() for e in self.endpoints} if session else {}
 
-    def send(self, method: str, path: str, *, json: Any = None, params: Mapping | None = None,
-             data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,),
+    def send(self, method: str, path: str, *, json: Any = None, params: Mapping[str, object] | None = None,
+             data: bytes | None = None, headers: Mapping[str, str] | None = None, ok: tuple[int, ...] = (200,),
              timeout: float | None = None) -> list[Outcome]:
         """Send one request to every endpoint; one Outcome per endpoint, in order."""
         return [self.send_to(endpoint, method, path, json=json, params=params, data=data, headers=headers, ok=ok,
                              timeout=timeout) for endpoint in self.endpoints]
 
-    def send_to(self, endpoint: str, method: str, path: str, *, json: Any = None, params: Mapping | None = None,
-                data: bytes | None = None, headers: Mapping | None = None, ok: tuple[int, ...] = (200,),
+    def send_to(self, endpoint: str, method: str, path: str, *, json: Any = None,
+                params: Mapping[str, object] | None = None, data: bytes | None = None,
+                headers: Mapping[str, str] | None = None, ok: tuple[int, ...] = (200,),
                 timeout: float | None = None) -> Outcome:
         """Send one request to one endpoint (at most ``attempts`` tries of ``timeout`` seconds); never raises.
 
@@ -110,7 +114,7 @@ class Transport:
         # Never 0: requests would turn that into a non-blocking socket that fails at once.
         return self.timeout if lower is None else max(0.01, min(self.timeout, lower))
 
-    def _request(self, endpoint: str, method: str, url: str, **kwargs) -> requests.Response:
+    def _request(self, endpoint: str, method: str, url: str, **kwargs: Any) -> requests.Response:
         session = self._sessions.get(endpoint)
         send = session.request if session is not None else requests.request
         return send(method, url, allow_redirects=False, **kwargs)

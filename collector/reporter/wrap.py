@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from types import FrameType
 from typing import BinaryIO
 
 from collector.reporter.client import Client
@@ -58,11 +59,11 @@ class _Signals:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self.received: int | None = None
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self._killer: threading.Timer | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in FORWARDED}
 
-    def attach(self, child: subprocess.Popen) -> None:
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
         """Forward to ``child`` from now on (and the signal that came while it was starting)."""
         self.child = child
         if self.received is not None:
@@ -75,7 +76,7 @@ class _Signals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
-    def _handle(self, signum, _frame) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
         self._forward(signum)
@@ -92,12 +93,12 @@ class _Signals:
             self._killer.start()
 
 
-def _kill(child: subprocess.Popen) -> None:
+def _kill(child: subprocess.Popen[bytes]) -> None:
     if child.poll() is None:
         child.kill()
 
 
-def _start(command: list[str], log_file: BinaryIO) -> tuple[subprocess.Popen, list[threading.Thread]]:
+def _start(command: list[str], log_file: BinaryIO) -> tuple[subprocess.Popen[bytes], list[threading.Thread]]:
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lock = threading.Lock()
     readers = [threading.Thread(target=_tee, args=(pipe, console, log_file, lock), daemon=True)
@@ -112,8 +113,11 @@ def run(client: Client, command: list[str], *, log_dir: str | None, outbox: str 
     """Run ``command`` with its lifecycle reported; returns the exit code the job should end with."""
     reporter = client.reporter()
     signals = _Signals(signal_grace)
-    private = None if log_dir else tempfile.mkdtemp(prefix=f"collector-wrap-{client.job_id}-")
-    directory = log_dir or private
+    private: str | None
+    if log_dir:
+        private, directory = None, log_dir
+    else:
+        private = directory = tempfile.mkdtemp(prefix=f"collector-wrap-{client.job_id}-")
     os.makedirs(directory, exist_ok=True)
     head = socket.gethostname()
     if not reporter.report_started(job_name=job_name, head_node=head,

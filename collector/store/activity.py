@@ -10,10 +10,11 @@ from sqlalchemy import select
 
 from collector.models import Job
 from collector.models import JobCount
+from collector.store.core import table
 from collector.store.identity import NO_CLUSTER
 
-JOBS = Job.__table__
-COUNTS = JobCount.__table__
+JOBS = table(Job)
+COUNTS = table(JobCount)
 # Jobs per cluster looked at: its newest by submission, read backwards along
 # ix_jobs_cluster_submitted_at_id. No index orders a cluster's jobs by updated_at, and a
 # GROUP BY over every job would grow with the table; a job reports while it runs,
@@ -25,7 +26,10 @@ def last_reports(conn: Connection) -> list[tuple[str, dt.datetime]]:
     """Each named cluster with the newest ``updated_at`` among its most recently submitted jobs."""
     # job_counts holds a row per (cluster, status): the cluster list without touching jobs.
     clusters = (
-        select(COUNTS.c.cluster).where(COUNTS.c.jobs > 0, COUNTS.c.cluster != NO_CLUSTER).distinct().subquery("clusters")
+        select(COUNTS.c.cluster)
+        .where(COUNTS.c.jobs > 0, COUNTS.c.cluster != NO_CLUSTER)
+        .distinct()
+        .subquery("clusters")
     )
     recent = (
         select(JOBS.c.updated_at)

@@ -8,8 +8,8 @@ from the primary key alone, touching only the chunks that hold it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
-from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,14 +21,16 @@ from sqlalchemy import union_all
 from sqlalchemy import update
 
 from collector.contract import MAX_OFFSET
-from collector.errors import Unprocessable
 from collector.models import BlobChunk
 from collector.models import BlobFile
+from collector.store.core import Run
+from collector.store.core import table
+from collector.store.errors import Unprocessable
 
 LOG = "log"
 CAPTURE = "capture"
-FILES = BlobFile.__table__
-CHUNKS = BlobChunk.__table__
+FILES = table(BlobFile)
+CHUNKS = table(BlobChunk)
 FileRow = dict[str, Any]
 
 _FILE = select(FILES).where(
@@ -68,7 +70,8 @@ def end_of(name: str, offset: int, data: bytes) -> int:
     """Where ``data`` at ``offset`` ends; 422 past the largest offset a BIGINT holds."""
     end = offset + len(data)
     if end > MAX_OFFSET:
-        raise Unprocessable(f"bytes of {name} at offset {offset} would end at {end}, past the largest offset {MAX_OFFSET}")
+        raise Unprocessable(f"bytes of {name} at offset {offset} would end at {end}, "
+                            f"past the largest offset {MAX_OFFSET}")
     return end
 
 
@@ -155,7 +158,7 @@ def checksum(conn: Connection, file_id: int) -> str:
     return digest.hexdigest()
 
 
-def stream(run: Callable[[Callable[[Connection], Any]], Any], file_id: int, size: int) -> Iterator[bytes]:
+def stream(run: Run, file_id: int, size: int) -> Iterator[bytes]:
     """A file's bytes up to ``size``, one chunk per short transaction.
 
     ``run`` is ``Database.run``: a download of any length holds one chunk in memory and no
@@ -163,7 +166,7 @@ def stream(run: Callable[[Callable[[Connection], Any]], Any], file_id: int, size
     """
     pos = 0
     while pos < size:
-        chunk = run(lambda conn: chunk_at_or_after(conn, file_id, pos))
+        chunk = run(functools.partial(chunk_at_or_after, file_id=file_id, pos=pos))
         if chunk is None or chunk[0] != pos:
             return  # deleted while streaming: end short, the client sees Content-Length unmet
         yield chunk[2][: size - pos]

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Connection
 
-from collector.errors import Conflict
-from collector.errors import NotFound
-from collector.errors import Unprocessable
 from collector.store import blobs
+from collector.store.core import Run
+from collector.store.errors import Conflict
+from collector.store.errors import NotFound
+from collector.store.errors import Unprocessable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,21 +44,21 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
         file = blobs.create_file(conn, job_pk, blobs.CAPTURE, name, now, total=total)
     elif file["total"] != total:
         raise Conflict(f"segment {name} was started with total {file['total']}, not {total}",
-                       extra={"file": name, "total": file["total"]})
+                       file=name, total=file["total"])
     size = file["size"]
     if offset < size or (offset == size and file["done"]):
         stored = blobs.chunk_at_or_after(conn, file["id"], offset)
         exact = stored is not None and stored[0] == offset and stored[1] == end and stored[2] == data
         if not exact and not (len(data) == 0 and offset == size):
             raise Conflict(f"bytes {offset}-{end} of {name} differ from the stored segment, which holds "
-                           f"{size} of {total} bytes", extra={"file": name, "next_offset": size})
+                           f"{size} of {total} bytes", file=name, next_offset=size)
         last = file["done"] and end == total
         # A replay of the completing chunk whose first run committed but never got to
         # seal (its answer was lost): seal now, or the checksum waits for a download.
         return Progress(end, last, completed_now=last and file["sha256"] is None)
     if offset > size:
         raise Conflict(f"segment {name} continues at offset {size}, not {offset}",
-                       extra={"file": name, "next_offset": size})
+                       file=name, next_offset=size)
     if data:
         blobs.insert_chunk(conn, file["id"], offset, data)
     complete = end == total
@@ -72,7 +71,7 @@ def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:
     return blobs.files_of(conn, job_pk, blobs.CAPTURE)
 
 
-def seal(run: Callable[..., Any], job_pk: int, name: str) -> str:
+def seal(run: Run, job_pk: int, name: str) -> str:
     """Checksum a complete segment once and record it; returns the hex SHA-256.
 
     Outside the upload's transaction, so the job's write lock is not held while every
@@ -80,7 +79,7 @@ def seal(run: Callable[..., Any], job_pk: int, name: str) -> str:
     write. Run after the completing chunk commits, and by a download that finds no
     checksum (the collector stopped in between).
     """
-    def read(conn):
+    def read(conn: Connection) -> tuple[int, str | None, str]:
         file = complete_segment(conn, job_pk, name)
         known = file["sha256"]
         return file["id"], known, known or blobs.checksum(conn, file["id"])

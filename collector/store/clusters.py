@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy import RowMapping
+from sqlalchemy import Table
 from sqlalchemy import case
 from sqlalchemy import desc
 from sqlalchemy import select
@@ -18,19 +21,21 @@ from collector.cluster_contract import ClusterState
 from collector.cluster_contract import ClusterStatusReport
 from collector.cluster_contract import Health
 from collector.cluster_contract import Phase
+from collector.cluster_contract import SlurmJobReport
 from collector.contract import JobStatus
 from collector.contract import SlurmView
 from collector.contract import format_timestamp
 from collector.models import ClusterProbe
 from collector.models import SlurmJob
 from collector.store import counts
+from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 
-PROBES = ClusterProbe.__table__
-SLURM = SlurmJob.__table__
+PROBES = table(ClusterProbe)
+SLURM = table(SlurmJob)
 FINISHED = frozenset({JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.TIMEOUT.value})
 ACTIVE = tuple(status.value for status in JobStatus if status.value not in FINISHED)
 # Slurm job states after which the job is out of the queue for good (squeue -t all
@@ -52,7 +57,9 @@ def silent_after(interval_s: float) -> dt.timedelta:
     return dt.timedelta(seconds=3 * interval_s + 5)
 
 
-def _upsert(conn: Connection, table, rows: list[dict], keys: list[str], update: dict):
+def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str],
+            update: dict[str, Any]) -> None:
+    """Insert ``rows``, or on a conflict over ``keys`` set ``update`` (a value, or a function of the excluded row)."""
     insert = (pg_insert if is_postgres(conn) else sqlite_insert)(table)
     values = {name: (value(insert.excluded) if callable(value) else value) for name, value in update.items()}
     conn.execute(insert.on_conflict_do_update(index_elements=keys, set_=values), rows)
@@ -72,7 +79,8 @@ def save_probe(conn: Connection, cluster: str, report: ClusterStatusReport, heal
         "report": report.model_dump(mode="json", include={"error", "nodes", "partitions"}),
     }
     _upsert(conn, PROBES, [row], ["cluster"], {
-        **{name: (lambda excluded, name=name: excluded[name]) for name in row if name not in ("cluster", "status_since")},
+        **{name: (lambda excluded, name=name: excluded[name])
+           for name in row if name not in ("cluster", "status_since")},
         # Only a change of status restarts its clock.
         "status_since": lambda excluded: case((PROBES.c.status == excluded.status, PROBES.c.status_since),
                                               else_=excluded.status_since),
@@ -99,7 +107,7 @@ def observe_jobs(conn: Connection, cluster: str, report: ClusterStatusReport, no
         })
 
 
-def _observation(job, seen, now: dt.datetime) -> dict:
+def _observation(job: RowMapping, seen: SlurmJobReport | None, now: dt.datetime) -> dict[str, Any]:
     """The slurm_jobs row for one asked-about job: ``seen`` is its squeue line, None when Slurm lacks it."""
     if seen is None:
         # Keep the last state Slurm showed: "last seen RUNNING" is what people need to read.
@@ -220,7 +228,7 @@ def _active_jobs(conn: Connection, cluster: str) -> list[ActiveJob]:
     return [_active(row) for row in conn.execute(query).mappings()]
 
 
-def _active(row) -> ActiveJob:
+def _active(row: RowMapping) -> ActiveJob:
     state = row["state"]
     if state in SLURM_WAITING:
         phase, since = Phase.QUEUED, row["state_since"] or row["submitted_at"]

@@ -11,9 +11,10 @@ from sqlalchemy import text
 
 from collector.models import Job
 from collector.models import JobCount
+from collector.store.core import table
 
-COUNTS = JobCount.__table__
-JOBS = Job.__table__
+COUNTS = table(JobCount)
+JOBS = table(Job)
 
 Key = tuple[str, str]
 
@@ -41,7 +42,7 @@ def total(conn: Connection, *, status: str | None = None, cluster: str | None = 
         query = query.where(COUNTS.c.status == status)
     if cluster is not None:
         query = query.where(COUNTS.c.cluster == cluster)
-    return int(conn.scalar(query))
+    return int(conn.execute(query).scalar_one())
 
 
 def by_cluster(conn: Connection) -> dict[str, dict[str, int]]:

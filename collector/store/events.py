@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import Connection
+from sqlalchemy import Row
 from sqlalchemy import insert
 from sqlalchemy import select
 
 from collector.contract import JobEventRecord
 from collector.models import Job
 from collector.models import JobEvent
+from collector.store.core import table
 from collector.store.identity import JobRow
 from collector.store.identity import wire_cluster
 
@@ -25,7 +27,11 @@ _RECORD_COLUMNS = (
 )
 
 
-def _record(row) -> JobEventRecord:
+# id, job_id, cluster, status, stage, message, created_at: the columns above.
+_RecordRow = Row[int, str, str, str, str | None, str | None, dt.datetime]
+
+
+def _record(row: _RecordRow) -> JobEventRecord:
     return JobEventRecord(
         id=row.id,
         job_id=row.job_id,
@@ -37,7 +43,7 @@ def _record(row) -> JobEventRecord:
     )
 
 
-EVENTS = JobEvent.__table__
+EVENTS = table(JobEvent)
 
 
 def append_if_changed(

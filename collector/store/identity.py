@@ -8,10 +8,11 @@ from sqlalchemy import Connection
 from sqlalchemy import bindparam
 from sqlalchemy import select
 
-from collector.errors import Conflict
-from collector.errors import NotFound
 from collector.models import Job
 from collector.store import pg_driver
+from collector.store.core import table
+from collector.store.errors import Conflict
+from collector.store.errors import NotFound
 
 NO_CLUSTER = ""
 # Advisory-lock namespaces (first key of pg_advisory_xact_lock(int, int)).
@@ -21,7 +22,7 @@ FEED_LOCK = 2
 # A job row as a plain dict keyed by column name. The write path runs on Core rather
 # than ORM instances: it is the hottest path in the service and needs no identity map.
 JobRow = dict[str, Any]
-JOBS = Job.__table__
+JOBS = table(Job)
 # Built once: a statement object reused across requests skips construction and cache-key work.
 _ROWS_OF_JOB_ID = select(JOBS).where(JOBS.c.job_id == bindparam("job_id")).order_by(JOBS.c.id)
 _ROW_ON_CLUSTER = select(JOBS).where(JOBS.c.cluster == bindparam("cluster"), JOBS.c.job_id == bindparam("job_id"))
@@ -51,7 +52,7 @@ def _ambiguous(job_id: str, rows: list[JobRow], how: str) -> Conflict:
     clusters = sorted(wire_cluster(r["cluster"]) or "" for r in rows)
     return Conflict(
         f"job {job_id} exists on several clusters ({', '.join(clusters)}); say which with {how}",
-        extra={"clusters": clusters},
+        clusters=clusters,
     )
 
 
@@ -62,10 +63,8 @@ def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow
     this one did not see. Returns None when the write should create a new row for
     ``(cluster or '', job_id)``.
     """
-    if is_postgres(conn):
-        rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)
-    else:
-        rows = _rows(conn, job_id)  # BEGIN IMMEDIATE already made this the only writer
+    # On SQLite, BEGIN IMMEDIATE already made this the only writer.
+    rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id) if is_postgres(conn) else _rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
 from sqlalchemy import Text
+from sqlalchemy import UnaryExpression
 from sqlalchemy import and_
 from sqlalchemy import case
 from sqlalchemy import exists
@@ -63,7 +65,7 @@ def _tag_matches(conn: Connection, text: str, pattern: str) -> ColumnElement[boo
                      else_=literal([], JSONB))
         elements = func.jsonb_array_elements(array).table_valued("value").render_derived()
         is_text = func.jsonb_typeof(elements.c.value) == "string"
-        value = elements.c.value.op("#>>", return_type=Text)(literal_column("'{}'"))
+        value: ColumnElement[Any] = elements.c.value.op("#>>", return_type=Text)(literal_column("'{}'"))
     else:
         # json_each walks an array's elements, and yields a lone value as one row.
         elements = func.json_each(JOBS.c["metadata"], "$.tags").table_valued("value", "type")
@@ -88,8 +90,8 @@ def search(conn: Connection, text: str) -> ColumnElement[bool]:
     return or_(*(column.ilike(pattern, escape=_ESCAPE) for column in columns), _tag_matches(conn, text, pattern))
 
 
-def _order(sort: str, descending: bool) -> list:
-    def direction(column):
+def _order(sort: str, descending: bool) -> list[UnaryExpression[Any]]:
+    def direction(column: ColumnElement[Any]) -> UnaryExpression[Any]:
         return column.desc() if descending else column.asc()
 
     if sort == "submitted":
@@ -143,9 +145,9 @@ def page(
         # A short page is the last one: it says the total without a second scan.
         total, exact = (page - 1) * per_page + len(rows), True
     else:
-        counted = conn.scalar(
+        counted = conn.execute(
             select(func.count()).select_from(select(JOBS.c.id).where(*filters).limit(MAX_SEARCH_COUNT + 1).subquery())
-        )
+        ).scalar_one()
         total, exact = min(counted, MAX_SEARCH_COUNT), counted <= MAX_SEARCH_COUNT
     jobs = [JobSummary(**{**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": wire_cluster(row["cluster"])})
             for row in rows]

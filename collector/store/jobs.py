@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy import delete
@@ -49,7 +50,7 @@ def placeholder_name(job_id: str) -> str:
     return f"job-{job_id}"
 
 
-def _deep_merge(base: dict, patch: dict, *, base_wins: bool) -> dict:
+def _deep_merge(base: dict[str, Any], patch: dict[str, Any], *, base_wins: bool) -> dict[str, Any]:
     merged = dict(base)
     for key, value in patch.items():
         current = merged.get(key)
@@ -61,14 +62,15 @@ def _deep_merge(base: dict, patch: dict, *, base_wins: bool) -> dict:
     return merged
 
 
-def _merged(existing: dict | None, patch: dict | None, *, existing_wins: bool = False) -> dict | None:
+def _merged(existing: dict[str, Any] | None, patch: dict[str, Any] | None, *,
+            existing_wins: bool = False) -> dict[str, Any] | None:
     """Merge ``patch`` into ``existing`` key by key, recursing into nested objects."""
     if not patch:
         return existing
     return _deep_merge(existing or {}, patch, base_wins=existing_wins)
 
 
-def _new_row(**fields) -> JobRow:
+def _new_row(**fields: Any) -> JobRow:
     """A row not yet stored: every column present, unset ones null."""
     return {**dict.fromkeys(c.name for c in JOBS.c if c.name != "id"), "received_at": _now(), **fields}
 
@@ -165,7 +167,8 @@ def is_late(row: JobRow, updated_at: dt.datetime) -> bool:
     first PUT is measured against neither, or a head node whose clock is behind the login
     node's would never get its job out of ``submitted``.
     """
-    return row["status"] != JobStatus.SUBMITTED.value and updated_at < row["updated_at"]
+    late: bool = row["status"] != JobStatus.SUBMITTED.value and updated_at < row["updated_at"]
+    return late
 
 
 def _apply(row: JobRow, payload: JobUpdatePayload) -> None:
@@ -223,7 +226,7 @@ def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime)
     return row["id"], wire_cluster(row["cluster"]), False
 
 
-def _summary_fields(row) -> dict:
+def _summary_fields(row: JobRow) -> dict[str, Any]:
     return {**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": wire_cluster(row["cluster"])}
 
 

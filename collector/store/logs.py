@@ -14,16 +14,16 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection
 
-from collector.errors import Conflict
-from collector.errors import NotFound
 from collector.store import blobs
+from collector.store.errors import Conflict
+from collector.store.errors import NotFound
 
 # A read returns at most this many bytes of the file (the reporter's chunk size).
 MAX_READ_BYTES = 1024 * 1024
 
 
 def _range_conflict(name: str, lo: int, hi: int, why: str) -> Conflict:
-    return Conflict(f"bytes {lo}-{hi} of {name} {why}", extra={"file": name, "range": [lo, hi]})
+    return Conflict(f"bytes {lo}-{hi} of {name} {why}", file=name, range=[lo, hi])
 
 
 class Appended(NamedTuple):
@@ -43,7 +43,8 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     file = blobs.find_file(conn, job_pk, blobs.LOG, name) or blobs.create_file(conn, job_pk, blobs.LOG, name, now)
     final_size = file["final_size"]
     if final_size is not None and end > final_size:
-        raise _range_conflict(name, max(offset, final_size), end, f"lie past the end it was finalized at ({final_size})")
+        raise _range_conflict(name, max(offset, final_size), end,
+                              f"lie past the end it was finalized at ({final_size})")
 
     new_ranges, pos, held = [], offset, []
     for start, stop, stored in blobs.overlapping(conn, file["id"], offset, end):
@@ -61,10 +62,10 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     if final and final_size is None:
         if file["stored_end"] > end:
             raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
-                           extra={"file": name})
+                           file=name)
         changes.update(final_size=end, done=True)
     elif final and end != final_size:
-        raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", extra={"file": name})
+        raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", file=name)
     for lo, hi in new_ranges:
         blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
     if new_ranges:

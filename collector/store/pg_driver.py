@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
+from typing import cast
 
 import psycopg
 import psycopg.errors
@@ -23,8 +25,9 @@ from sqlalchemy.exc import DBAPIError
 from collector.models import Job
 from collector.models import JSONDocument
 from collector.models import UTCDateTime
+from collector.store.core import table
 
-JOBS = Job.__table__
+JOBS = table(Job)
 _COLUMNS = [c.name for c in JOBS.c]
 _MUTABLE = [name for name in _COLUMNS if name != "id"]
 _TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime))
@@ -90,13 +93,14 @@ def is_dead(driver: psycopg.Connection, exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _driver(conn: Connection, sql: str):
+def _driver(conn: Connection, sql: str) -> Iterator[psycopg.Connection[Any]]:
     """The transaction's psycopg connection; its errors are raised as SQLAlchemy's.
 
     As if SQLAlchemy had run the statement, so the error handlers and the dead-connection
     replay (db.Database.run) see one kind of error.
     """
-    driver = conn.connection.driver_connection
+    # The psycopg dialect's DBAPI connection is psycopg's own (SQLAlchemy types it as Any).
+    driver = cast("psycopg.Connection[Any]", conn.connection.driver_connection)
     try:
         yield driver
     except psycopg.Error as exc:

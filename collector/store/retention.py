@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
-from typing import Any
+import functools
 
+from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
 from sqlalchemy import delete
 from sqlalchemy import exists
@@ -16,6 +16,7 @@ from sqlalchemy import select
 from collector.contract import JobStatus
 from collector.store import counts
 from collector.store.blobs import FILES
+from collector.store.core import Run
 from collector.store.identity import JOBS
 from collector.store.identity import lock_job_id
 
@@ -40,7 +41,7 @@ class Selection:
     statuses: tuple[str, ...] = FINISHED
     logs_only: bool = False
 
-    def where(self) -> list[Any]:
+    def where(self) -> list[ColumnElement[bool]]:
         clauses = [JOBS.c.status.in_(self.statuses), JOBS.c.updated_at < self.cutoff]
         if self.cluster is not None:
             clauses.append(JOBS.c.cluster == self.cluster)
@@ -82,7 +83,14 @@ def _prune_batch(conn: Connection, selection: Selection, batch: list[tuple[int, 
     return Pruned(len(pks), files, size)
 
 
-def prune(run: Callable[..., Any], selection: Selection, *, dry_run: bool = False, batch_size: int = 200) -> Pruned:
+def _step(conn: Connection, *, selection: Selection, after: int, size: int,
+          dry_run: bool) -> tuple[list[tuple[int, str]], Pruned]:
+    """One batch of a prune: the next jobs after ``after`` and what removing them removed."""
+    batch = _batch(conn, selection, after, size)
+    return batch, (_prune_batch(conn, selection, batch, dry_run) if batch else Pruned())
+
+
+def prune(run: Run, selection: Selection, *, dry_run: bool = False, batch_size: int = 200) -> Pruned:
     """Remove what ``selection`` names, one short write transaction per batch of jobs.
 
     ``run`` is ``Database.run``; writers get the database between batches, so a prune of
@@ -90,10 +98,7 @@ def prune(run: Callable[..., Any], selection: Selection, *, dry_run: bool = Fals
     """
     total, after = Pruned(), 0
     while True:
-        def step(conn: Connection):
-            batch = _batch(conn, selection, after, batch_size)
-            return batch, (_prune_batch(conn, selection, batch, dry_run) if batch else Pruned())
-
+        step = functools.partial(_step, selection=selection, after=after, size=batch_size, dry_run=dry_run)
         batch, done = run(step, write=not dry_run)
         if not batch:
             return total

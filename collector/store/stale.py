@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
+from sqlalchemy import RowMapping
 from sqlalchemy import exists
 from sqlalchemy import select
 
@@ -33,11 +35,12 @@ from collector.store import jobs
 from collector.store.clusters import ACTIVE
 from collector.store.clusters import SLURM
 from collector.store.clusters import SLURM_FINISHED
+from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import find_for_write
 from collector.store.identity import wire_cluster
 
-BLOBS = BlobFile.__table__
+BLOBS = table(BlobFile)
 # Jobs marked per sweep; the next sweep takes the rest (a sweep holds no lock across jobs).
 BATCH = 500
 
@@ -54,7 +57,7 @@ class Candidate:
     rule: str
 
 
-def _quiet_since(cutoff: dt.datetime):
+def _quiet_since(cutoff: dt.datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
     """Jobs with no report and no log or capture bytes after ``cutoff``."""
     return JOBS.c.received_at <= cutoff, ~exists().where(BLOBS.c.job_pk == JOBS.c.id, BLOBS.c.updated_at > cutoff)
 
@@ -92,7 +95,7 @@ def _at(moment: dt.datetime) -> str:
     return format_timestamp(moment.replace(microsecond=0))
 
 
-def _left_message(row) -> str:
+def _left_message(row: RowMapping) -> str:
     since = _at(row["gone_since"])
     if row["state"] in SLURM_FINISHED:
         seen = f"Slurm reported the job {row['state']} at {since}"

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from sqlalchemy import Connection
+from sqlalchemy import RowMapping
 from sqlalchemy import func
 from sqlalchemy import select
 
 from collector.contract import JobSummary
 from collector.contract import StreamEvent
 from collector.models import JobEvent
+from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import wire_cluster
 from collector.store.jobs import SUMMARY_COLUMNS
 
-EVENTS = JobEvent.__table__
+EVENTS = table(JobEvent)
 _SELECT = select(
     EVENTS.c.id,
     EVENTS.c.job_pk,
@@ -28,7 +30,8 @@ _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
 
 def newest_id(conn: Connection) -> int:
     """The id of the newest committed event (0 for an empty feed): the live edge."""
-    return conn.execute(_NEWEST).scalar_one()
+    newest: int = conn.execute(_NEWEST).scalar_one()
+    return newest
 
 
 def page(
@@ -55,7 +58,7 @@ def page(
     return [(row["job_pk"], _event(row)) for row in rows]
 
 
-def _event(row) -> StreamEvent:
+def _event(row: RowMapping) -> StreamEvent:
     cluster = wire_cluster(row["cluster"])
     return StreamEvent(
         id=row["id"],

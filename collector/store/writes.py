@@ -52,7 +52,8 @@ def save(
     return _save_sqlite(conn, row, original, before, created_at)
 
 
-def _save_sqlite(conn, row, original, before, created_at) -> JobEventRecord | None:
+def _save_sqlite(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
+                 created_at: dt.datetime) -> JobEventRecord | None:
     if original is not None:
         changes = {key: value for key, value in row.items() if value != original[key]}
         if changes:
@@ -62,8 +63,9 @@ def _save_sqlite(conn, row, original, before, created_at) -> JobEventRecord | No
     return event
 
 
-def _save_postgres(conn, row, original, before, created_at, commit) -> JobEventRecord | None:
-    old_key, new_key = _count_key(original), _count_key(row)
+def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
+                   created_at: dt.datetime, commit: bool) -> JobEventRecord | None:
+    old_key, new_key = _count_key(original), (row["cluster"], row["status"])
     moved = old_key != new_key
     params = {
         **pg_driver.row_params(row),

@@ -1,0 +1,143 @@
+"""The PostgreSQL write path commits through psycopg inside SQLAlchemy's transaction.
+
+``pg_driver.execute_and_commit`` sends the last statement and COMMIT in one pipeline on
+the DBAPI connection SQLAlchemy holds; SQLAlchemy's own commit afterwards must find the
+transaction closed and send nothing, and the connection must go back to the pool idle.
+This relies on how SQLAlchemy and psycopg behave, not on anything they document: these
+tests fail if a release of either changes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection
+from sqlalchemy import event
+from sqlalchemy import text
+
+from collector.contract import JobCreatePayload
+from collector.db import Database
+from collector.settings import Settings
+from collector.store import jobs as job_store
+from collector.store import pg_driver
+
+
+class Watched:
+    """A one-connection Database whose psycopg connection is watched from the inside and from the server."""
+
+    def __init__(self, url: str) -> None:
+        self.database = Database(Settings(database_url=url, pool_size=1, pool_max_overflow=0))
+        self.notices: list[str] = []
+        self.pids: set[int] = set()
+        self.status_in_work: list[TransactionStatus] = []
+        self.status_at_checkin: list[TransactionStatus] = []
+        # "reset" fires as the connection goes back to the pool, before any reset of its own.
+        event.listen(self.database.engine, "reset", self._on_return)
+
+    def _on_return(self, dbapi_connection: Any, _record: Any, _state: Any) -> None:
+        self.status_at_checkin.append(dbapi_connection.info.transaction_status)
+
+    def _on_notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        self.notices.append(f"{diagnostic.severity}: {diagnostic.message_primary}")
+
+    def watch(self, conn: Connection) -> psycopg.Connection[Any]:
+        """Called first thing in a unit of work: hook the notices of the connection it runs on."""
+        driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+        if driver.info.backend_pid not in self.pids:
+            driver.add_notice_handler(self._on_notice)
+            self.pids.add(driver.info.backend_pid)
+        return driver
+
+    def close(self) -> None:
+        self.database.dispose()
+
+
+@pytest.fixture
+def watched(postgres):
+    postgres.clean()
+    watched = Watched(postgres.url)
+    yield watched
+    watched.close()
+    postgres.clean()
+
+
+def backend(postgres, pid: int) -> tuple[str, str, Any]:
+    """What the server says of backend ``pid``, asked on another connection: state, last query, open xid."""
+    with postgres.engine.connect() as conn:
+        row = conn.execute(text("SELECT state, query, backend_xid FROM pg_stat_activity WHERE pid = :pid"),
+                           {"pid": pid}).one()
+    return row.state, row.query, row.backend_xid
+
+
+def assert_closed_cleanly(watched: Watched, postgres) -> None:
+    # The work ran inside a transaction SQLAlchemy had begun on the psycopg connection...
+    assert watched.status_in_work and all(s == TransactionStatus.INTRANS for s in watched.status_in_work)
+    # ...which psycopg's COMMIT ended: SQLAlchemy's COMMIT (or a pool ROLLBACK) sent
+    # after it would have drawn "WARNING: there is no transaction in progress".
+    assert watched.notices == []
+    assert watched.status_at_checkin == [TransactionStatus.IDLE]
+    (pid,) = watched.pids
+    state, query, xid = backend(postgres, pid)
+    # The last statement the server ran on it is the pipelined COMMIT: nothing followed.
+    assert (state, query.strip().upper(), xid) == ("idle", "COMMIT", None)
+
+
+def test_a_work_ending_in_execute_and_commit_commits_once_and_returns_the_connection_idle(watched, postgres):
+    cluster = f"pg-driver-{uuid.uuid4().hex[:8]}"
+
+    def work(conn: Connection) -> list[dict[str, Any]]:
+        driver = watched.watch(conn)
+        # A statement through SQLAlchemy opens its transaction; the driver's statement joins it.
+        conn.execute(text("INSERT INTO job_counts (cluster, status, jobs) VALUES (:c, 'submitted', 1)"), {"c": cluster})
+        watched.status_in_work.append(driver.info.transaction_status)
+        return pg_driver.execute_and_commit(
+            conn, "INSERT INTO job_counts (cluster, status, jobs) VALUES (%(c)s, 'running', 2) RETURNING jobs",
+            {"c": cluster})
+
+    assert watched.database.run(work, write=True) == [{"jobs": 2}]
+
+    assert_closed_cleanly(watched, postgres)
+    with postgres.engine.connect() as other:
+        stored = other.execute(text("SELECT status, jobs FROM job_counts WHERE cluster = :c ORDER BY status"),
+                               {"c": cluster}).all()
+    assert [tuple(row) for row in stored] == [("running", 2), ("submitted", 1)]
+
+
+def test_the_write_path_commits_through_the_driver_and_leaves_the_connection_idle(watched, postgres):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    payload = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=dt.datetime.now(dt.UTC),
+                               cluster="pg-driver")
+
+    def work(conn: Connection) -> job_store.WriteResult:
+        driver = watched.watch(conn)
+        # Begin SQLAlchemy's transaction as the store's first statement would.
+        conn.execute(text("SELECT 1"))
+        watched.status_in_work.append(driver.info.transaction_status)
+        return job_store.submit(conn, payload)
+
+    watched.database.run(work, write=True)
+
+    assert_closed_cleanly(watched, postgres)
+    assert postgres.scalar("SELECT count(*) FROM jobs WHERE job_id = :j", j=job_id) == 1
+    assert postgres.scalar("SELECT count(*) FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE j.job_id = :j",
+                           j=job_id) == 1
+    postgres.assert_counts_match_jobs()
+
+
+def test_the_watch_sees_a_commit_sent_after_the_transaction_ended(watched, postgres):
+    """The checks above can fail: a second COMMIT after the driver's draws the warning they look for."""
+
+    def work(conn: Connection) -> None:
+        driver = watched.watch(conn)
+        pg_driver.execute_and_commit(conn, "SELECT 1", {})
+        # Straight to libpq: psycopg's own execute would first open a new transaction.
+        driver.pgconn.exec_(b"COMMIT")
+
+    watched.database.run(work)
+
+    assert watched.notices == ["WARNING: there is no transaction in progress"]
