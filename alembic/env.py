@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import create_engine
 
-from alembic import context
 from collector.models import Base
 from collector.settings import Settings
 

@@ -106,7 +106,8 @@ def init_app(app: Flask) -> None:
         # Unreachable, restarting or overloaded database: the client should retry, and
         # the reporter's fire-and-forget retry treats 503 like a network error.
         log.warning("database unavailable [request_id=%s]: %s", g.get("request_id"), str(exc).splitlines()[0])
-        return error_response(503, "database unavailable; try again", {"Retry-After": RETRY_AFTER_S})
+        # Retry-After comes from retry_after_every_503 below, like every other 503's.
+        return error_response(503, "database unavailable; try again")
 
     @app.after_request
     def retry_after_every_503(response: Response) -> Response:

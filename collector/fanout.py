@@ -137,6 +137,11 @@ class Hub:
             self._changed.notify_all()
         self._poked.set()
 
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for close(); whether the hub is closed."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._closed, timeout)
+
     @property
     def closed(self) -> bool:
         """Whether the server is shutting down (close() was called)."""

@@ -12,7 +12,6 @@ import datetime as dt
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from flask import Flask
@@ -25,10 +24,6 @@ from collector.settings import Settings
 from collector.store import stale
 
 log = logging.getLogger("collector.stale")
-# How often a waiting janitor looks whether the server is shutting down, so it gives the
-# sweeper role up within this long (the interval may be a minute).
-_TICK = 0.1
-
 # What time it is for the sweep: the wall clock in UTC, or a test's fake one.
 Clock = Callable[[], dt.datetime]
 
@@ -94,10 +89,8 @@ class Janitor:
             log.warning("stale-job sweep failed; retrying in %g s", self.settings.stale_check_s, exc_info=True)
 
     def _pause(self) -> None:
-        # In ticks: the role must be given up soon after shutdown starts, not an interval later.
-        deadline = time.monotonic() + self.settings.stale_check_s
-        while not self.hub.closed and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, _TICK))
+        # Woken by shutdown: the role must be given up at once, not an interval later.
+        self.hub.wait_closed(self.settings.stale_check_s)
 
     def lead(self) -> bool:
         """Keep the sweeper role, or take it if no process holds it; whether this janitor leads now."""

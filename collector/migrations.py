@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 from sqlalchemy import Engine
 from sqlalchemy import inspect
 from sqlalchemy import text
-
-from alembic import command
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -40,13 +40,19 @@ def head_revision() -> str:
     return heads[0]
 
 
-def current_revision(engine: Engine) -> str | None:
-    """The revision the database is at (None when it was never migrated)."""
+def revision_of(connection: Connection) -> str | None:
+    """The revision the database on ``connection`` is at (None when it was never migrated)."""
     # Plain SQL rather than MigrationContext, which logs at INFO on every call (every probe).
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    revision: str | None = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return revision
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database behind ``engine`` is at (None when it was never migrated)."""
     with engine.connect() as connection:
-        if not inspect(connection).has_table("alembic_version"):
-            return None
-        return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return revision_of(connection)
 
 
 def upgrade(url: str, revision: str = "head") -> None:

@@ -214,23 +214,17 @@ FEED_LOCKED = "SELECT pg_advisory_xact_lock(%s, 0)"
 ROW_LOCKED = "SELECT id FROM jobs WHERE job_id = %s FOR UPDATE"
 
 
-def test_a_put_killed_in_its_pipelined_read_is_replayed(postgres, api):
-    assert api.post("/api/jobs", json=submit_body("p1")).status_code == 201
-    body = {"status": "workers", "updated_at": stamp(5)}
-    response = killed_mid_transaction(postgres, JOB_LOCKED, (JOB_LOCK, "p1"),
-                                      lambda: api.put("/api/jobs/p1", json=body))
-    assert (response.status_code, response.json()) == (200, {"job_id": "p1", "status": "workers", "cluster": "c1"})
-    assert timeline(detail(api, "p1")) == ["submitted", "workers"]
-    postgres.assert_counts_match_jobs()
-
-
-def test_a_put_killed_in_its_pipelined_commit_is_replayed(postgres, api):
-    assert api.post("/api/jobs", json=submit_body("p2")).status_code == 201
-    body = {"status": "frontend", "updated_at": stamp(5)}
-    response = killed_mid_transaction(postgres, FEED_LOCKED, (FEED_LOCK,),
-                                      lambda: api.put("/api/jobs/p2", json=body))
-    assert (response.status_code, response.json()) == (200, {"job_id": "p2", "status": "frontend", "cluster": "c1"})
-    assert timeline(detail(api, "p2")) == ["submitted", "frontend"]
+@pytest.mark.parametrize("job_id, status, lock_sql, lock_key", [
+    ("p1", "workers", JOB_LOCKED, (JOB_LOCK, "p1")),  # the pipelined lock-and-read
+    ("p2", "frontend", FEED_LOCKED, (FEED_LOCK,)),  # the pipelined write-and-commit
+], ids=["pipelined-read", "pipelined-commit"])
+def test_a_put_killed_in_a_pipelined_statement_is_replayed(postgres, api, job_id, status, lock_sql, lock_key):
+    assert api.post("/api/jobs", json=submit_body(job_id)).status_code == 201
+    body = {"status": status, "updated_at": stamp(5)}
+    response = killed_mid_transaction(postgres, lock_sql, lock_key,
+                                      lambda: api.put(f"/api/jobs/{job_id}", json=body))
+    assert (response.status_code, response.json()) == (200, {"job_id": job_id, "status": status, "cluster": "c1"})
+    assert timeline(detail(api, job_id)) == ["submitted", status]
     postgres.assert_counts_match_jobs()
 
 

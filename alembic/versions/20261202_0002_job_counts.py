@@ -13,7 +13,6 @@ counting them, so stop writers (or re-run `collector db recount`) around the upg
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0002"

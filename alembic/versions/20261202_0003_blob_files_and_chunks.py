@@ -12,7 +12,6 @@ the default, otherwise). Column compression is not something autogenerate compar
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0003"

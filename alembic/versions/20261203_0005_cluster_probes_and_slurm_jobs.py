@@ -12,9 +12,8 @@ probe endpoint (PUT /api/clusters/{cluster}/status) is the only writer.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0005"
 down_revision = "0004"

@@ -24,7 +24,6 @@ follow the rules of collector/store/clusters.py, frozen here as literals: silent
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0006"

@@ -9,9 +9,6 @@ from flask import Response
 from flask import current_app
 from flask import g
 from flask import jsonify
-from sqlalchemy import Connection
-from sqlalchemy import inspect
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.api import respond
@@ -20,6 +17,7 @@ from collector.contract import ReadyResponse
 from collector.db import get_db
 from collector.migrations import head_revision
 from collector.migrations import is_behind
+from collector.migrations import revision_of
 from collector.openapi import JSON
 from collector.openapi import operation
 from collector.openapi import served
@@ -42,13 +40,6 @@ def health() -> Response:
 def openapi_document() -> Response:
     """The OpenAPI 3.1 document of this collector, built from its routes and models."""
     return jsonify(served(current_app))
-
-
-def revision_of(conn: Connection) -> str | None:
-    """The revision the database is at (None when it was never migrated)."""
-    if not inspect(conn).has_table("alembic_version"):
-        return None
-    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def unavailable(body: ReadyResponse) -> Response:
