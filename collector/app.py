@@ -66,6 +66,8 @@ def prepare_to_serve(app: Flask) -> None:
     """
     settings: Settings = app.config["COLLECTOR_SETTINGS"]
     settings.check()
+    if settings.tokens_file is not None:
+        guard.keyring_of(app).load()  # a tokens file the workers could not use stops the start here
     engine = db.get_db_of(app).engine
     if settings.migrates_on_start:
         upgrade(settings.database_url)

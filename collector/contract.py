@@ -215,6 +215,8 @@ class JobEventRecord(BaseModel):
     stage: str | None = None
     message: str | None = None
     created_at: OutTimestamp
+    # Who wrote it: a credential's name, "env:write" for the spec's token (docs/api.md, "Credentials").
+    credential: str | None = None
 
 
 class JobSummary(BaseModel):

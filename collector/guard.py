@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import re
@@ -13,18 +12,21 @@ from flask import Response
 from flask import g
 from flask import request
 
+from collector import metrics
+from collector.credentials import Credential
+from collector.credentials import Keyring
+from collector.credentials import env_credentials
 from collector.errors import error_response
 from collector.log_format import redact_query
 from collector.settings import Settings
 
 # Routes that reveal nothing about jobs: uptime checks, readiness probes, the static
-# page (and its files, collector/ui.py), the API's description, and (unless
-# COLLECTOR_METRICS_AUTH=token) the metrics.
+# page (and its files, collector/ui.py), the API's description, and (when
+# settings.metrics_open) the metrics.
 METRICS_PATH = "/metrics"
 PAGE_PATHS = frozenset({"/", "/index.html", "/app.css", "/util.js", "/client.js", "/live.js", "/blobs.js",
                         "/state.js", "/table.js", "/clusters.js", "/detail.js", "/feed.js", "/app.js"})
 OPEN_PATHS = frozenset({"/api/health", "/api/ready", "/api/openapi.json", METRICS_PATH}) | PAGE_PATHS
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CORS_METHODS = "GET, HEAD, OPTIONS"
 access_log = logging.getLogger("collector.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -44,22 +46,29 @@ def _bearer() -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _matches(given: str | None, expected: str | None) -> bool:
-    if given is None or expected is None:
-        return False
-    return hmac.compare_digest(given.encode(), expected.encode())
-
-
 def open_paths(settings: Settings) -> frozenset[str]:
     """The paths served without a token under ``settings``."""
-    return OPEN_PATHS if settings.metrics_auth == "open" else OPEN_PATHS - {METRICS_PATH}
+    return OPEN_PATHS if settings.metrics_open else OPEN_PATHS - {METRICS_PATH}
+
+
+def credential() -> Credential | None:
+    """The credential of the current request (None on an open server or an open path)."""
+    found: Credential | None = g.get("credential")
+    return found
+
+
+def keyring_of(app: Flask) -> Keyring:
+    """The credentials ``app`` checks requests against."""
+    keyring: Keyring = app.extensions["collector.keyring"]
+    return keyring
 
 
 class Guard:
     """The checks every request passes, in the order the spec requires."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, keyring: Keyring) -> None:
         self.settings = settings
+        self.keyring = keyring
         self.any_origin = "*" in settings.cors_origins
         self.origins = frozenset(settings.cors_origins)
         self.open_paths = open_paths(settings)
@@ -97,19 +106,22 @@ class Guard:
         return response
 
     def authenticate(self) -> Response | None:
-        """401 for a missing or wrong token, 403 for the read token on a write."""
-        settings = self.settings
-        if request.path in self.open_paths or not settings.write_token:
+        """401 for a missing or unknown token, 403 for a method the credential's role does not allow.
+
+        Cluster scope needs the body, so the views check it (collector/api, ``write_cluster``).
+        """
+        if request.path in self.open_paths or not self.keyring.enabled:
             return None
         token = _bearer()
-        # Compare against both tokens every time so timing does not tell which one matched.
-        is_writer = _matches(token, settings.write_token)
-        is_reader = _matches(token, settings.read_token)
-        if not (is_writer or is_reader):
+        # By digest: the lookup costs the same whichever credential, if any, the token is.
+        found = self.keyring.lookup(token)
+        if found is None:
             detail = "missing bearer token" if token is None else "invalid bearer token"
             return error_response(401, detail, {"WWW-Authenticate": "Bearer"})
-        if not is_writer and request.method not in READ_METHODS:
-            return error_response(403, "the read token cannot write; use the write token")
+        g.credential = found
+        refusal = found.refusal(request.method)
+        if refusal is not None:
+            return error_response(403, refusal)
         return None
 
     def check_body(self) -> Response | None:
@@ -149,22 +161,28 @@ class Guard:
             "duration_ms": round(elapsed_ms, 1),
             "bytes": response.content_length,
             "remote": request.remote_addr,
+            # Who made the request: a credential's name, never its secret.
+            "credential": found.name if (found := credential()) else None,
         }
         access_log.info(
-            '%s "%s %s" %d %.1fms request_id=%s',
+            '%s "%s %s" %d %.1fms request_id=%s credential=%s',
             request.remote_addr or "-",
             request.method,
             f"{request.path}?{query}" if query else request.path,
             response.status_code,
             elapsed_ms,
             g.get("request_id", "-"),
+            fields["credential"] or "-",
             extra=fields,
         )
 
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Install the guard as the first before-request hook and the last after-request hook."""
-    guard = Guard(settings)
+    keyring = Keyring(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+    keyring.on_reload = metrics.tokens_file_reloaded
+    app.extensions["collector.keyring"] = keyring
+    guard = Guard(settings, keyring)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.before_request_funcs.setdefault(None, []).insert(0, guard.before)
     app.after_request(guard.after)

@@ -19,8 +19,10 @@ from flask import Flask
 from collector import fanout
 from collector import metrics
 from collector import sweeper
+from collector.credentials import Keyring
 from collector.db import Database
 from collector.settings import Settings
+from collector.store import credential_uses
 from collector.store import stale
 
 log = logging.getLogger("collector.stale")
@@ -45,8 +47,11 @@ class Sweep:
 class Janitor:
     """Runs the stale-job sweep in the process that serves while it is the sweeper, until the server shuts down."""
 
-    def __init__(self, database: Database, settings: Settings, hub: fanout.Hub, clock: Clock = utc_now) -> None:
+    def __init__(self, database: Database, settings: Settings, hub: fanout.Hub, clock: Clock = utc_now,
+                 keyring: Keyring | None = None) -> None:
         self.database = database
+        # Whose uses to write down each interval (``collector token list`` shows them).
+        self.keyring = keyring
         self.settings = settings
         self.hub = hub
         # Read by every sweep not given its moment (the periodic ones); replaceable until the first request.
@@ -78,9 +83,24 @@ class Janitor:
             while not self.hub.closed:
                 if self.lead():
                     self._sweep_logged()
+                self.write_uses()
                 self._pause()
         finally:
+            self.write_uses()
             self.resign("the server is shutting down")
+
+    def write_uses(self) -> None:
+        """Write down when this process last saw each credential used (every process, every interval)."""
+        if self.keyring is None:
+            return
+        uses = self.keyring.take_uses()
+        if not uses:
+            return
+        stamped = {name: dt.datetime.fromtimestamp(at, dt.UTC) for name, at in uses.items()}
+        try:
+            self.database.run(lambda conn: credential_uses.record(conn, stamped), write=True)
+        except Exception:  # noqa: BLE001 - a lost "last used" is no reason to end the thread
+            log.warning("cannot write down credential uses", exc_info=True)
 
     def _sweep_logged(self) -> None:
         try:
@@ -165,7 +185,7 @@ class Janitor:
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:
     """Give ``app`` a janitor, started by the first request each process serves."""
-    janitor = Janitor(database, settings, fanout.get_hub(app))
+    janitor = Janitor(database, settings, fanout.get_hub(app), keyring=app.extensions["collector.keyring"])
     app.extensions["collector.janitor"] = janitor
     app.before_request(janitor.ensure_running)
 

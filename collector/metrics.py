@@ -85,6 +85,11 @@ SHED = Counter(
     "collector_requests_shed",
     "Requests answered 503 without running: they waited longer than COLLECTOR_QUEUE_TIMEOUT for a slot.",
 )
+TOKENS_RELOADS = Counter(
+    "collector_tokens_file_reloads",
+    "Times a process re-read the changed tokens file: ok, or failed (it kept the credentials read before).",
+    ["result"],
+)
 OPEN_STREAMS = Gauge("collector_open_streams", "Event streams open now.", multiprocess_mode="livesum")
 # livesum: a host's scrape says whether one of its live workers sweeps (a dead one's file
 # is dropped at child_exit); summed over every host it is 1 while the deployment has a sweeper.
@@ -202,6 +207,11 @@ def sweeper_leader(leading: bool) -> None:
         SWEEPER_LEADER.inc()
     else:
         SWEEPER_LEADER.dec()
+
+
+def tokens_file_reloaded(ok: bool) -> None:
+    """Count a re-read of the tokens file, or a change that could not be used."""
+    TOKENS_RELOADS.labels(result="ok" if ok else "failed").inc()
 
 
 def request_shed() -> None:

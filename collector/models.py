@@ -126,6 +126,9 @@ class JobEvent(Base):
     message: Mapped[str | None] = mapped_column(Text)
     # The time the reporter stamped on the update (its updated_at / submitted_at).
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    # Who wrote it: the credential's name (collector/credentials.py), "env:write" for the
+    # spec's token, null on an open server or for events written before names were kept.
+    credential: Mapped[str | None] = mapped_column(String(64))
 
 
 class JobCount(Base):
@@ -225,3 +228,15 @@ class SlurmJob(Base):
     gone_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     # The newest probe that asked Slurm about the job.
     observed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class CredentialUse(Base):
+    """When each named credential was last used, as the serving processes last wrote it down.
+
+    The tokens file holds no state (many hosts read it); ``collector token list`` reads this.
+    """
+
+    __tablename__ = "credential_uses"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_used_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)

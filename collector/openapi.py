@@ -26,8 +26,8 @@ from werkzeug.routing import Rule
 
 from collector.contract import ErrorResponse
 from collector.contract import Identifier
+from collector.credentials import READ_METHODS
 from collector.guard import OPEN_PATHS
-from collector.guard import READ_METHODS
 from collector.guard import open_paths
 
 REF = "#/components/schemas/{model}"
@@ -43,7 +43,7 @@ PAGE = {"type": "string"}
 _DESCRIPTIONS = {
     400: "malformed request (bad JSON, short body)",
     401: "missing or wrong bearer token",
-    403: "the read token cannot write",
+    403: "the credential's role or cluster scope does not allow the request",
     404: "no such job or file",
     409: "conflict: the job id is on several clusters, or bytes differ from those stored",
     413: "body over the 1 MiB limit",

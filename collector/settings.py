@@ -17,7 +17,7 @@ DEFAULT_READ_TOKEN_ENV = "SRTCTL_STATUS_READ_TOKEN"
 MAX_BODY_BYTES = 1024 * 1024
 # COLLECTOR_LOG_FORMAT: the historical text lines, or one JSON object per line (collector/log_format.py).
 LOG_FORMATS = ("text", "json")
-# Who may scrape /metrics: anyone (like /api/health), or a client with either token.
+# Who may scrape /metrics: anyone (like /api/health), or a client with any credential.
 METRICS_AUTH = ("open", "token")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -91,6 +91,8 @@ class Settings:
     read_token_env: str = DEFAULT_READ_TOKEN_ENV
     write_token: str | None = None
     read_token: str | None = None
+    # Named credentials (collector/credentials.py), re-read when the file changes.
+    tokens_file: Path | None = None
     allow_unauthenticated: bool = False
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
@@ -115,8 +117,9 @@ class Settings:
     max_streams: int = 500
     # How every log line is written, under `collector serve` and gunicorn alike.
     log_format: str = "text"
-    # /metrics: "open" like /api/health, or "token" (the read token or the write token).
-    metrics_auth: str = "open"
+    # /metrics: "open" like /api/health, or "token" (any credential). None: "token" when
+    # requests need a token at all, else "open".
+    metrics_auth: str | None = None
     # Stale jobs (collector/store/stale.py): an active job that left Slurm's queue this
     # long ago without a final report, or that sent nothing at all for stale_silence_s
     # (0: never), is marked failed; one process of the deployment checks every stale_check_s
@@ -158,6 +161,7 @@ class Settings:
             read_token_env=read_token_env,
             write_token=env.get(token_env) or None,
             read_token=env.get(read_token_env) or None,
+            tokens_file=env.get("COLLECTOR_TOKENS_FILE") or None,
             allow_unauthenticated=_flag(env.get("COLLECTOR_ALLOW_UNAUTHENTICATED")),
             cors_origins=origins,
             pool_size=_int(env, "COLLECTOR_POOL_SIZE", 5),
@@ -168,7 +172,7 @@ class Settings:
             max_streams=_int(env, "COLLECTOR_MAX_STREAMS", 500),
             request_threads=_int(env, "COLLECTOR_THREADS", 8),
             log_format=(env.get("COLLECTOR_LOG_FORMAT") or "text").strip().lower(),
-            metrics_auth=(env.get("COLLECTOR_METRICS_AUTH") or "open").strip().lower(),
+            metrics_auth=(env.get("COLLECTOR_METRICS_AUTH") or "").strip().lower() or None,
             stale_grace_s=_float(env, "COLLECTOR_STALE_GRACE", 120.0),
             stale_silence_s=_float(env, "COLLECTOR_STALE_SILENCE", 86_400.0),
             stale_check_s=_float(env, "COLLECTOR_STALE_CHECK_INTERVAL", 60.0),
@@ -186,7 +190,19 @@ class Settings:
         if "database_url" in overrides and overrides["database_url"] is not None:
             values["database_url"] = database_url(overrides["database_url"])
         values["cors_origins"] = tuple(values["cors_origins"])
+        if values["tokens_file"] is not None:
+            values["tokens_file"] = Path(values["tokens_file"]).expanduser().absolute()
         return cls(**values)
+
+    @property
+    def requires_token(self) -> bool:
+        """Whether requests need a credential: a write token or a tokens file is configured."""
+        return bool(self.write_token) or self.tokens_file is not None
+
+    @property
+    def metrics_open(self) -> bool:
+        """Whether /metrics is served without a credential."""
+        return (self.metrics_auth or ("token" if self.requires_token else "open")) == "open"
 
     @property
     def is_sqlite(self) -> bool:
@@ -207,14 +223,14 @@ class Settings:
 
     def check(self) -> None:
         """Refuse configurations the spec forbids: an open server off loopback, a lone read token."""
-        if self.read_token and not self.write_token:
+        if self.read_token and not self.requires_token:
             raise SettingsError(
-                f"a read token (${self.read_token_env}) is set without a write token (${self.token_env}): "
-                "set the write token too, or unset the read token"
+                f"a read token (${self.read_token_env}) is set without a write token (${self.token_env}) "
+                "or a tokens file (COLLECTOR_TOKENS_FILE): set one of them, or unset the read token"
             )
-        if not self.write_token and not self.allow_unauthenticated and not is_loopback(self.host):
+        if not self.requires_token and not self.allow_unauthenticated and not is_loopback(self.host):
             raise SettingsError(
-                f"refusing to listen on {self.host} without a token: set ${self.token_env}, "
+                f"refusing to listen on {self.host} without a token: set COLLECTOR_TOKENS_FILE or ${self.token_env}, "
                 "bind to 127.0.0.1, or pass --allow-unauthenticated on a network trusted end to end"
             )
         if self.max_body_bytes <= 0:
@@ -237,11 +253,11 @@ class Settings:
             raise SettingsError("max_streams must be zero (streams off) or more")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"COLLECTOR_LOG_FORMAT must be 'text' or 'json', got {self.log_format!r}")
-        if self.metrics_auth not in METRICS_AUTH:
+        if self.metrics_auth is not None and self.metrics_auth not in METRICS_AUTH:
             raise SettingsError(f"COLLECTOR_METRICS_AUTH must be 'open' or 'token', got {self.metrics_auth!r}")
-        if self.metrics_auth == "token" and not self.write_token:
-            # With no write token every route is open, /metrics too: refuse rather than serve it open.
+        if self.metrics_auth == "token" and not self.requires_token:
+            # With no credentials every route is open, /metrics too: refuse rather than serve it open.
             raise SettingsError(
-                f"COLLECTOR_METRICS_AUTH=token needs the tokens set: set ${self.token_env} "
-                f"(and ${self.read_token_env} for the scraper), or COLLECTOR_METRICS_AUTH=open"
+                f"COLLECTOR_METRICS_AUTH=token needs credentials: set COLLECTOR_TOKENS_FILE or ${self.token_env} "
+                f"(and give the scraper a read token), or COLLECTOR_METRICS_AUTH=open"
             )

@@ -13,8 +13,10 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from werkzeug.exceptions import ClientDisconnected
 
+from collector import guard
 from collector.contract import NUL_FREE
 from collector.contract import Identifier
+from collector.credentials import OutOfScope
 from collector.errors import APIError
 from collector.errors import Unprocessable
 from collector.errors import validation_detail
@@ -30,6 +32,23 @@ def checked_job_id(job_id: str) -> str:
     except ValidationError as exc:
         detail, errors = validation_detail(exc, "path", name="job_id")
         raise Unprocessable(detail, extra={"errors": errors}) from None
+
+
+def write_cluster(named: str | None) -> str | None:
+    """The cluster a write naming ``named`` lands on under the request's credential: 403 outside its scope."""
+    found = guard.credential()
+    if found is None:
+        return named
+    try:
+        return found.cluster_for(named)
+    except OutOfScope as exc:
+        raise APIError(str(exc), status=403, extra={"clusters": exc.clusters}) from None
+
+
+def writer() -> str | None:
+    """The name of the request's credential, kept on the events it writes (None on an open server)."""
+    found = guard.credential()
+    return found.name if found is not None else None
 
 
 def read_body() -> bytes:

@@ -14,6 +14,8 @@ from collector.api import checked_job_id
 from collector.api import parse_query
 from collector.api import read_body
 from collector.api import respond
+from collector.api import write_cluster
+from collector.api import writer
 from collector.api.queries import BlobReadQuery
 from collector.api.queries import CaptureUploadQuery
 from collector.contract import CaptureFile
@@ -38,11 +40,12 @@ def upload_capture(job_id: str) -> Response:
     """Store one sequential chunk of a capture segment."""
     job_id = checked_job_id(job_id)
     query = parse_query(CaptureUploadQuery)
+    cluster, credential = write_cluster(query.cluster), writer()
     data = read_body()
     now = dt.datetime.now(dt.UTC)
 
     def store(conn: Connection) -> tuple[int, bool, capture_store.Progress]:
-        job_pk, _, created = job_store.ensure(conn, job_id, query.cluster, now)
+        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential)
         return job_pk, created, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
 
     job_pk, created, progress = transaction(store, write=True)

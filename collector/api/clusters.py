@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from collector import health
 from collector.api import parse_body
 from collector.api import respond
+from collector.api import write_cluster
 from collector.cluster_contract import ClusterListResponse
 from collector.cluster_contract import ClusterStatusReport
 from collector.cluster_contract import ClusterStatusResponse
@@ -72,6 +73,7 @@ def cluster_status(cluster: str) -> Response:
 def report_status(cluster: str) -> Response:
     """Record what a probe of the cluster saw (``collector probe``); the collector derives the health."""
     cluster = checked_cluster(cluster)
+    write_cluster(cluster)
     report = parse_body(ClusterStatusReport)
     status, detail = health.derive(report.error, report.nodes, report.partitions)
     now = _now()

@@ -14,6 +14,8 @@ from collector.api import checked_job_id
 from collector.api import parse_body
 from collector.api import parse_query
 from collector.api import respond
+from collector.api import write_cluster
+from collector.api import writer
 from collector.api.queries import ClusterQuery
 from collector.api.queries import EventQuery
 from collector.api.queries import JobListQuery
@@ -60,7 +62,9 @@ def _written(result: WriteResult, status: int) -> Response:
 def create_job() -> Response:
     """Record a submitted job; a repeat completes identity and never rewinds status."""
     payload = parse_body(JobCreatePayload)
-    return _written(transaction(lambda conn: job_store.submit(conn, payload), write=True), 201)
+    cluster, credential = write_cluster(payload.cluster), writer()
+    return _written(transaction(lambda conn: job_store.submit(conn, payload, cluster=cluster, credential=credential),
+                                write=True), 201)
 
 
 @bp.put("/<job_id>")
@@ -69,7 +73,9 @@ def update_job(job_id: str) -> Response:
     """Apply a lifecycle update, creating a placeholder for a job never POSTed."""
     checked_job_id(job_id)
     payload = parse_body(JobUpdatePayload)
-    result = transaction(lambda conn: job_store.update(conn, job_id, payload), write=True)
+    cluster, credential = write_cluster(payload.reported_cluster()), writer()
+    result = transaction(lambda conn: job_store.update(conn, job_id, payload, cluster=cluster, credential=credential),
+                         write=True)
     if result.late:
         # The reporter gets its 200 either way; the log shows which PUTs ran behind newer ones.
         log.info("job %s%s: late update to %s stamped %s left it %s",

@@ -15,6 +15,8 @@ from collector.api import parse_body
 from collector.api import parse_query
 from collector.api import read_body
 from collector.api import respond
+from collector.api import write_cluster
+from collector.api import writer
 from collector.api.queries import BlobReadQuery
 from collector.api.queries import ClusterQuery
 from collector.api.queries import LogUploadQuery
@@ -49,9 +51,10 @@ def upload_logs(job_id: str) -> Response:
         query = parse_query(LogUploadQuery)
         cluster = query.cluster
         chunks = [(query.file, query.offset, read_body(), query.final)]
+    cluster, credential = write_cluster(cluster), writer()
 
     def store(conn: Connection) -> tuple[bool, list[log_store.Appended]]:
-        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now)
+        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential)
         return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
                          for name, offset, data, final in chunks]
 

@@ -9,12 +9,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy import RowMapping
-from sqlalchemy import Table
 from sqlalchemy import case
 from sqlalchemy import desc
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from collector.cluster_contract import ActiveJob
 from collector.cluster_contract import ClusterState
@@ -29,9 +26,9 @@ from collector.models import ClusterProbe
 from collector.models import SlurmJob
 from collector.store import counts
 from collector.store.core import table
+from collector.store.core import upsert
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
-from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 
 PROBES = table(ClusterProbe)
@@ -57,14 +54,6 @@ def silent_after(interval_s: float) -> dt.timedelta:
     return dt.timedelta(seconds=3 * interval_s + 5)
 
 
-def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str],
-            update: dict[str, Any]) -> None:
-    """Insert ``rows``, or on a conflict over ``keys`` set ``update`` (a value, or a function of the excluded row)."""
-    insert = (pg_insert if is_postgres(conn) else sqlite_insert)(table)
-    values = {name: (value(insert.excluded) if callable(value) else value) for name, value in update.items()}
-    conn.execute(insert.on_conflict_do_update(index_elements=keys, set_=values), rows)
-
-
 def save_probe(conn: Connection, cluster: str, report: ClusterStatusReport, health: Health, detail: str | None,
                now: dt.datetime) -> None:
     """Store ``report`` as ``cluster``'s newest probe, with the health derived from it."""
@@ -78,7 +67,7 @@ def save_probe(conn: Connection, cluster: str, report: ClusterStatusReport, heal
         "status_since": now,
         "report": report.model_dump(mode="json", include={"error", "nodes", "partitions"}),
     }
-    _upsert(conn, PROBES, [row], ["cluster"], {
+    upsert(conn, PROBES, [row], ["cluster"], {
         **{name: (lambda excluded, name=name: excluded[name])
            for name in row if name not in ("cluster", "status_since")},
         # Only a change of status restarts its clock.
@@ -102,7 +91,7 @@ def observe_jobs(conn: Connection, cluster: str, report: ClusterStatusReport, no
         for job in conn.execute(query).mappings():
             rows.append(_observation(job, listed.get(job["job_id"]), now))
     if rows:
-        _upsert(conn, SLURM, rows, ["job_pk"], {
+        upsert(conn, SLURM, rows, ["job_pk"], {
             name: (lambda excluded, name=name: excluded[name]) for name in rows[0] if name != "job_pk"
         })
 

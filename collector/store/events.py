@@ -24,11 +24,12 @@ _RECORD_COLUMNS = (
     JobEvent.stage,
     JobEvent.message,
     JobEvent.created_at,
+    JobEvent.credential,
 )
 
 
-# id, job_id, cluster, status, stage, message, created_at: the columns above.
-_RecordRow = Row[int, str, str, str, str | None, str | None, dt.datetime]
+# id, job_id, cluster, status, stage, message, created_at, credential: the columns above.
+_RecordRow = Row[int, str, str, str, str | None, str | None, dt.datetime, str | None]
 
 
 def _record(row: _RecordRow) -> JobEventRecord:
@@ -40,6 +41,7 @@ def _record(row: _RecordRow) -> JobEventRecord:
         stage=row.stage,
         message=row.message,
         created_at=row.created_at,
+        credential=row.credential,
     )
 
 
@@ -47,7 +49,8 @@ EVENTS = table(JobEvent)
 
 
 def append_if_changed(
-    conn: Connection, job: JobRow, before: tuple[str, str | None, str | None] | None, created_at: dt.datetime
+    conn: Connection, job: JobRow, before: tuple[str, str | None, str | None] | None, created_at: dt.datetime,
+    credential: str | None = None,
 ) -> JobEventRecord | None:
     """Append an event iff the job's (status, stage, message) changed from ``before``.
 
@@ -60,12 +63,13 @@ def append_if_changed(
         return None
     # No feed lock: BEGIN IMMEDIATE already admits one SQLite writer at a time, so ids
     # commit in order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
-    values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at)
+    values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at,
+                  credential=credential)
     event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
-    return record(job, event_id, created_at)
+    return record(job, event_id, created_at, credential)
 
 
-def record(job: JobRow, event_id: int, created_at: dt.datetime) -> JobEventRecord:
+def record(job: JobRow, event_id: int, created_at: dt.datetime, credential: str | None = None) -> JobEventRecord:
     """The wire record of the event just appended for ``job``."""
     return JobEventRecord(
         id=event_id,
@@ -75,6 +79,7 @@ def record(job: JobRow, event_id: int, created_at: dt.datetime) -> JobEventRecor
         stage=job["stage"],
         message=job["message"],
         created_at=created_at,
+        credential=credential,
     )
 
 

@@ -88,9 +88,14 @@ def _result(row: JobRow, event: JobEventRecord | None, *, late: bool = False) ->
                        late=late)
 
 
-def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
-    """Create a job in ``submitted``, or complete the identity of an existing one (POST)."""
-    cluster = payload.cluster
+def submit(conn: Connection, payload: JobCreatePayload, *, cluster: str | None = None,
+           credential: str | None = None) -> WriteResult:
+    """Create a job in ``submitted``, or complete the identity of an existing one (POST).
+
+    ``cluster`` is the one the request's credential settled on when the body names none;
+    ``credential`` is who wrote it, kept on the event.
+    """
+    cluster = payload.cluster or cluster
     row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
         row = _new_row(
@@ -104,7 +109,8 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
             updated_at=payload.submitted_at,
             metadata=payload.metadata or None,
         )
-        return _result(row, writes.save(conn, row, None, None, payload.submitted_at, commit=True))
+        return _result(row, writes.save(conn, row, None, None, payload.submitted_at, commit=True,
+                                        credential=credential))
     original = dict(row)
     claim(row, cluster)
     row["received_at"] = _now()
@@ -118,18 +124,20 @@ def submit(conn: Connection, payload: JobCreatePayload) -> WriteResult:
         row["submitted_at"] = payload.submitted_at
     # Submit-time metadata is older than what the started report sent: keep the newer keys.
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
-    return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at, commit=True))
+    return _result(row, writes.save(conn, row, original, _triple(row), payload.submitted_at, commit=True,
+                                    credential=credential))
 
 
-def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *,
-           event_at: dt.datetime | None = None) -> WriteResult:
+def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *, cluster: str | None = None,
+           event_at: dt.datetime | None = None, credential: str | None = None) -> WriteResult:
     """Apply a PUT, creating a placeholder row when the job's POST never arrived.
 
-    ``event_at`` stamps the event when it is not the payload's ``updated_at`` (a stale mark).
+    ``cluster`` and ``credential`` as for ``submit``; ``event_at`` stamps the event when it
+    is not the payload's ``updated_at`` (a stale mark).
     """
     reported = payload.metadata or {}
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
-    cluster = payload.reported_cluster()
+    cluster = payload.reported_cluster() or cluster
     row = find_for_write(conn, job_id, cluster)
     if row is None:
         original = before = None
@@ -155,7 +163,8 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *,
         _fill_unknown(row, payload)
     else:
         _apply(row, payload)
-    event = writes.save(conn, row, original, before, event_at or payload.updated_at, commit=True)
+    event = writes.save(conn, row, original, before, event_at or payload.updated_at, commit=True,
+                        credential=credential)
     return _result(row, event, late=late)
 
 
@@ -205,7 +214,8 @@ def _fill_unknown(row: JobRow, payload: JobUpdatePayload) -> None:
     row["metadata"] = _merged(row["metadata"], payload.metadata, existing_wins=True)
 
 
-def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime) -> tuple[int, str | None, bool]:
+def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime, *,
+           credential: str | None = None) -> tuple[int, str | None, bool]:
     """The job a blob upload lands on (primary key, wire cluster), as a PUT would resolve it, and whether it is new.
 
     A job with no row yet gets a placeholder in ``submitted`` (and with it an event,
@@ -217,12 +227,12 @@ def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime)
         row = _new_row(cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=placeholder_name(job_id),
                        is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now,
                        received_at=now)
-        writes.save(conn, row, None, None, now)
+        writes.save(conn, row, None, None, now, credential=credential)
         return row["id"], wire_cluster(row["cluster"]), True
     elif cluster and row["cluster"] == NO_CLUSTER:
         original = dict(row)
         claim(row, cluster)
-        writes.save(conn, row, original, _triple(row), now)
+        writes.save(conn, row, original, _triple(row), now, credential=credential)
     return row["id"], wire_cluster(row["cluster"]), False
 
 

@@ -60,8 +60,8 @@ EVENT_CHANNEL = "collector_events"
 SAVE_WITH_EVENT = (
     f"WITH {_UPDATED}, "
     "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(feed_namespace)s, 0) AS locked), "
-    "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at) "
-    "SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s FROM feed_lock RETURNING id), "
+    "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
+    "SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM feed_lock RETURNING id), "
     + _COUNTED.format(source="feed_lock, ")
     + f" SELECT id, pg_notify('{EVENT_CHANNEL}', id::text) AS notified FROM event"
 )

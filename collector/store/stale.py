@@ -40,6 +40,8 @@ from collector.store.identity import JOBS
 from collector.store.identity import find_for_write
 from collector.store.identity import wire_cluster
 
+# Who a stale mark's event says wrote it: the collector itself, not any credential.
+SWEEPER = "collector:sweeper"
 BLOBS = table(BlobFile)
 # Jobs marked per sweep; the next sweep takes the rest (a sweep holds no lock across jobs).
 BATCH = 500
@@ -124,4 +126,4 @@ def mark(conn: Connection, candidate: Candidate, now: dt.datetime) -> jobs.Write
         message=candidate.message,
         metadata={"cluster": wire_cluster(row["cluster"])} if row["cluster"] else None,
     )
-    return jobs.update(conn, candidate.job_id, payload, event_at=now)
+    return jobs.update(conn, candidate.job_id, payload, event_at=now, credential=SWEEPER)

@@ -23,6 +23,7 @@ _SELECT = select(
     EVENTS.c.stage.label("event_stage"),
     EVENTS.c.message.label("event_message"),
     EVENTS.c.created_at.label("event_created_at"),
+    EVENTS.c.credential,
     *(JOBS.c[name] for name in SUMMARY_COLUMNS),
 ).join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
 _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
@@ -68,5 +69,6 @@ def _event(row: RowMapping) -> StreamEvent:
         stage=row["event_stage"],
         message=row["event_message"],
         created_at=row["event_created_at"],
+        credential=row["credential"],
         job=JobSummary(**{**{name: row[name] for name in SUMMARY_COLUMNS}, "cluster": cluster}),
     )

@@ -37,34 +37,35 @@ def save(
     created_at: dt.datetime,
     *,
     commit: bool = False,
+    credential: str | None = None,
 ) -> JobEventRecord | None:
     """Write ``row`` (inserting it when ``original`` is None), its event and its count.
 
     The event is appended iff (status, stage, message) differs from ``before`` (None for
     a new row). ``commit`` says nothing follows in this transaction: PostgreSQL then gets
     the COMMIT in the same round trip (pg_driver.execute_and_commit); SQLite leaves it to
-    the caller as usual.
+    the caller as usual. ``credential`` names who wrote it, on the event.
     """
     if original is None:
         row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
     if is_postgres(conn):
-        return _save_postgres(conn, row, original, before, created_at, commit)
-    return _save_sqlite(conn, row, original, before, created_at)
+        return _save_postgres(conn, row, original, before, created_at, commit, credential)
+    return _save_sqlite(conn, row, original, before, created_at, credential)
 
 
 def _save_sqlite(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
-                 created_at: dt.datetime) -> JobEventRecord | None:
+                 created_at: dt.datetime, credential: str | None) -> JobEventRecord | None:
     if original is not None:
         changes = {key: value for key, value in row.items() if value != original[key]}
         if changes:
             conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
-    event = events.append_if_changed(conn, row, before, created_at)
+    event = events.append_if_changed(conn, row, before, created_at, credential)
     counts.move(conn, _count_key(original), _count_key(row))
     return event
 
 
 def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
-                   created_at: dt.datetime, commit: bool) -> JobEventRecord | None:
+                   created_at: dt.datetime, commit: bool, credential: str | None) -> JobEventRecord | None:
     old_key, new_key = _count_key(original), (row["cluster"], row["status"])
     moved = old_key != new_key
     params = {
@@ -85,8 +86,9 @@ def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, befor
     if before == triple:
         execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
         return None
-    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "feed_namespace": FEED_LOCK})
-    return events.record(row, event["id"], created_at)
+    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT,
+                       {**params, "feed_namespace": FEED_LOCK, "credential": credential})
+    return events.record(row, event["id"], created_at, credential)
 
 
 def _count_key(row: JobRow | None) -> counts.Key | None:
