@@ -341,9 +341,10 @@ def editing(path: Path) -> Iterator[TokensFile]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        owner: tuple[int, int] | None = None
         if path.exists():
             tokens, st = read_file(path)
-            mode = stat.S_IMODE(st.st_mode)
+            mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
         else:
             tokens, mode = TokensFile(), 0o600
         yield tokens
@@ -353,6 +354,9 @@ def editing(path: Path) -> Iterator[TokensFile]:
         try:
             with os.fdopen(fd, "w") as handle:
                 os.fchmod(handle.fileno(), mode)
+                if owner is not None and owner != (os.geteuid(), os.getegid()):
+                    # Keep a root:collector 0640 file readable by the service after root edits it.
+                    os.fchown(handle.fileno(), *owner)
                 handle.write(body)
                 handle.flush()
                 os.fsync(handle.fileno())
