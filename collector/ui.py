@@ -36,6 +36,10 @@ FILES = {
 }
 # The page may call any collector (#api=), but loads nothing from anywhere else and runs
 # no inline code, so even a rendering bug cannot run a job's text as script.
+# connect-src stays open because the API origin is the viewer's to choose. That is safe for
+# the tokens: client.js keeps each token under the origin it was entered for and sends it
+# only in requests to that origin (checked on each request's URL), and a link naming
+# another origin switches only after the viewer says so on the page.
 POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src *; "
           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 

@@ -26,6 +26,9 @@ from collector.janitor import get_janitor
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.settings import database_url as normalise_url
+from tests.helpers import CHROMIUM
+from tests.helpers import CHROMIUM_ARGS
+from tests.helpers import WAIT_MS
 from tests.helpers import LiveServer
 from tests.helpers import Recorder
 from tests.helpers import Script
@@ -195,3 +198,39 @@ def second_database(new_database: Callable[[], str]) -> str:
 def second_api(serve: Callable[..., LiveServer], second_database: str, api: LiveServer) -> LiveServer:
     """A second collector with its own database and ``api``'s tokens (its jobs stay across the module's tests)."""
     return serve(database_url=second_database, write_token=api.token, read_token=api.settings.read_token)
+
+
+# ---------------------------------------------------------------- a browser (tests/test_ui*.py)
+
+
+def _playwright():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"needs Debian's Chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("needs Playwright for Python (pip install playwright; never `playwright install`)")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module; each test gets a fresh context."""
+    with _playwright()() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page (own storage, UTC clock); an uncaught script error fails the test."""
+    context = browser.new_context(viewport={"width": 1500, "height": 900}, timezone_id="UTC",
+                                  accept_downloads=True)
+    context.set_default_timeout(WAIT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    context.close()
+    assert errors == []

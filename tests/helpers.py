@@ -4,7 +4,7 @@ Test modules import from here (and from tests/processes.py for child processes, 
 for event streams, tests/faultload.py for the fault load), never from one another
 (tests/test_suite_layout.py checks); the fixtures they share are in tests/conftest.py.
 
-- waiting: ``wait_for``; time: ``FakeClock``, a clock to give the janitor
+- waiting: ``wait_for``; time: ``FakeClock``, a clock to give the janitor; the browser: ``CHROMIUM``
 - servers: ``LiveServer`` (a collector in this process), ``Recorder`` (an HTTP server that records
   every request and answers by a script, forwarding to a real collector by default)
 - clients: ``Reporter`` (what an unmodified srtctl reporter sends, request for request),
@@ -37,6 +37,13 @@ from collector.janitor import get_janitor
 from collector.settings import Settings
 
 T = TypeVar("T")
+
+# The browser of the page's tests (the ``browser`` and ``page`` fixtures): Debian's Chromium,
+# with flags for a browser that talks to nothing but the servers under test.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 10_000
 
 # -- waiting and time ------------------------------------------------------------------
 
@@ -169,7 +176,8 @@ class Recorder:
             def handle_one(self) -> None:
                 recorder._handle(self)
 
-            do_GET = do_POST = do_PUT = do_DELETE = handle_one
+            # OPTIONS too: a browser's CORS preflight is a request the test may need to see (and answer).
+            do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = handle_one
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

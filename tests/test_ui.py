@@ -23,17 +23,13 @@ from sqlalchemy import text
 from collector import guard
 from collector import ui
 from collector.contract import format_timestamp
+from tests.helpers import WAIT_MS
 from tests.helpers import put
 from tests.helpers import reported
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-# Flags for a browser that talks to nothing but the collector under test.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOTS = os.environ.get("COLLECTOR_UI_SCREENSHOTS")
 FAST = {"stream_poll_s": 0.1, "stream_heartbeat_s": 5.0}
-WAIT_MS = 10_000
 OCTET = {"Content-Type": "application/octet-stream"}
 CLUSTERS = ("b200", "gb300")
 # Three hours ago on the minute: recent enough for the screenshots to look like a working day.
@@ -77,42 +73,6 @@ def test_page_loads_nothing_from_elsewhere_and_never_parses_html():
         assert "@import" not in text, path.name
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
             assert sink not in text, f"{path.name} uses {sink}"
-
-
-# ---------------------------------------------------------------- browser fixtures
-
-
-def _playwright():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"needs Debian's Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("needs Playwright for Python (pip install playwright; never `playwright install`)")
-    return sync_playwright
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """One headless Chromium for the module; each test gets a fresh context."""
-    with _playwright()() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page (own storage, UTC clock); an uncaught script error fails the test."""
-    context = browser.new_context(viewport={"width": 1500, "height": 900}, timezone_id="UTC",
-                                  accept_downloads=True)
-    context.set_default_timeout(WAIT_MS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    yield tab
-    context.close()
-    assert errors == []
 
 
 @pytest.fixture
@@ -225,7 +185,8 @@ def test_table_pages_with_status_words_and_token_from_fragment(collector, page):
     page.wait_for_selector("#jobs-body tr[data-key]")
     # #token= is stored and leaves the address at once.
     assert "token" not in page.url
-    assert page.evaluate("localStorage.getItem('collector.token')") == "r-ui"
+    # Kept for the origin it was given for (tests/test_ui_token_origin.py has the rest).
+    assert page.evaluate("origin => localStorage.getItem('collector.token:' + origin)", collector.url) == "r-ui"
     assert job_ids(page)[:3] == ["1061", "1060", "1059"]
     assert len(job_ids(page)) == 50
     assert page.text_content("#range") == "1–50 of 62 jobs · page 1 of 2"
@@ -343,7 +304,10 @@ def test_detail_pane_overview_timeline_and_raw_metadata(collector, page):
     assert overview["log dir"] == "/lustre/logs/9001"
     assert overview["logs URL"] == "s3://bucket/outputs/9001/"
     assert overview["tags"] == "suite:kv"
-    timeline = [row.split("\t") for row in page.locator("table.timeline tbody tr").all_inner_texts()]
+    # Who wrote each event (".by") has its own test in tests/test_ui_token_origin.py.
+    timeline = page.evaluate("""() => [...document.querySelectorAll('table.timeline tbody tr')].map(tr =>
+        [...tr.cells].map(td => [...td.childNodes].filter(n => !n.classList?.contains('by'))
+            .map(n => n.textContent).join('').trim()))""")
     assert timeline == [
         [shown_at(70), "", "○ submitted", "", ""],
         [shown_at(73), "+3m 00s", "◔ starting", "starting", "Job started on node-01"],
@@ -586,7 +550,7 @@ def test_missing_and_wrong_tokens_are_explained(collector, page):
     page.dispatch_event("#token", "change")
     page.wait_for_selector("#jobs-body tr[data-key]")
     assert page.is_hidden("#hint")
-    assert page.evaluate("localStorage.getItem('collector.token')") == "r-ui"
+    assert page.evaluate("origin => localStorage.getItem('collector.token:' + origin)", collector.url) == "r-ui"
 
 
 def test_api_fragment_points_the_page_at_another_collector(serve, page):
@@ -594,9 +558,11 @@ def test_api_fragment_points_the_page_at_another_collector(serve, page):
     there = serve(write_token="w-ui", read_token="r-ui", cors_origins=(here.url,), **FAST)
     seed(there, 2)
     page.goto(f"{here.url}/#api={there.url}&token=r-ui")
+    page.click("#switch-accept")  # another origin: the page asks first
     wait_for_ids(page, ["1001", "1000"])
     assert page.url == here.url + "/"
     assert page.evaluate("localStorage.getItem('collector.api')") == there.url
+    assert page.evaluate("origin => localStorage.getItem('collector.token:' + origin)", there.url) == "r-ui"
     assert page.input_value("#api-base") == there.url
     page.wait_for_selector("#connection[data-state=live]")
     # Remembered: a plain reload still reads the other collector.
@@ -608,6 +574,7 @@ def test_cors_refusal_names_the_origin_to_allow(serve, page):
     here = serve()
     there = serve(write_token="w-ui", read_token="r-ui")  # no --cors-origin
     page.goto(f"{here.url}/#api={there.url}&token=r-ui")
+    page.click("#switch-accept")
     page.wait_for_selector("#hint:not([hidden])")
     assert page.text_content("#hint") == (
         f"The collector at {there.url} answered but does not allow this page's origin: start it with "
@@ -620,6 +587,7 @@ def test_unreachable_collector_is_explained(serve, page):
         sock.bind(("127.0.0.1", 0))
         nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
     page.goto(f"{here.url}/#api={nowhere}")
+    page.click("#switch-accept")
     page.wait_for_selector("#hint:not([hidden])")
     assert page.text_content("#hint") == (f"Cannot reach the collector at {nowhere} (network error). "
                                           "Is it running, and is the API field right?")
@@ -634,6 +602,7 @@ def test_page_opened_from_a_file_reads_a_collector_allowing_any_origin(serve, pa
     assert page.text_content("#hint").startswith("This page was opened from a file: set the collector's address")
     # Only the fragment changes, so the page does not reload: it applies them on hashchange.
     page.goto(f"{index}#api={there.url}&token=r-ui")
+    page.click("#switch-accept")  # a link to a collector: asked even here
     wait_for_ids(page, ["1001", "1000"])
     assert page.url == index
     page.wait_for_selector("#connection[data-state=live]")
@@ -716,7 +685,7 @@ def test_status_prefix_mode_needs_no_token_in_the_browser(collector, status_prox
     page.goto(status_proxy + "/status/")
     wait_for_ids(page, ["1001", "1000"])
     page.wait_for_selector("#connection[data-state=live]")
-    assert page.evaluate("localStorage.getItem('collector.token')") is None
+    assert page.evaluate("Object.keys(localStorage).filter(key => key.startsWith('collector.token'))") == []
     put(collector, "1000", "workers", stage="workers", message="Starting workers", updated_at=at(120),
         metadata={"cluster": "b200"})
     wait_for_status(page, "1000", "◑ workers")

@@ -48,14 +48,28 @@
     S.clusterLive.start();
   }
 
+  /** The header's fields show where the page reads now, and that collector's own token. */
+  function showConnection() {
+    $("api-base").value = C.apiBase();
+    $("token").value = C.token();
+  }
+
+  /** The page now reads another collector, or with another token. */
+  function switched() {
+    showConnection();
+    reconnect();
+  }
+
   function wire() {
     const apiField = $("api-base");
     const tokenField = $("token");
-    apiField.value = C.apiBase();
-    tokenField.value = C.token();
+    showConnection();
+    // Typing an address is the viewer's own choice: no question, but the token field shows
+    // the token kept for that origin (or none), never the previous collector's.
     apiField.addEventListener("change", () => {
+      C.dismissSwitch();
       C.setApiBase(apiField.value);
-      reconnect();
+      switched();
     });
     tokenField.addEventListener("change", () => {
       C.setToken(tokenField.value);
@@ -104,15 +118,13 @@
     document.addEventListener("keydown", onKey);
     // #token= or #api= pasted into the address of the open page: no reload happens, so apply them here.
     window.addEventListener("hashchange", () => {
-      if (!C.consumeFragment()) return;
-      apiField.value = C.apiBase();
-      tokenField.value = C.token();
-      reconnect();
+      if (C.consumeFragment(switched)) switched();
     });
   }
 
   function start() {
-    C.consumeFragment();
+    C.migrateToken();
+    C.consumeFragment(switched);
     C.readState();
     C.writeState();
     wire();

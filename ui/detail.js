@@ -130,6 +130,12 @@
     return url;
   }
 
+  /** Who wrote an event ("by b200-writer": the credential's name, as text), after its message; nothing when unknown. */
+  function writer(event) {
+    if (event.credential === null || event.credential === undefined || event.credential === "") return [];
+    return [event.message ? " " : null, el("span", { class: "by" }, `by ${event.credential}`)];
+  }
+
   function renderOverview() {
     const job = S.current;
     const body = $("tab-body");
@@ -164,7 +170,7 @@
       previous = at;
       return el("tr", { "data-event": event.id }, el("td", { title: event.created_at }, localTime(event.created_at)),
         el("td", { class: "delta num" }, delta), el("td", {}, statusBadge(event.status)),
-        el("td", {}, event.stage ?? ""), el("td", { class: "message" }, event.message ?? ""));
+        el("td", {}, event.stage ?? ""), el("td", { class: "message" }, event.message ?? "", ...writer(event)));
     });
     const timeline = el("table", { class: "timeline" },
       el("thead", {}, el("tr", {}, ...["time", "Δ", "status", "stage", "message"].map((t) => el("th", {}, t)))),

@@ -100,7 +100,7 @@
     /** Open ``path`` as an event stream, read with fetch so the token travels in a header. */
     open(path, params) {
       const abort = (this.abort = new AbortController());
-      return C.fetch(path, params, { headers: C.headers({ Accept: "text/event-stream" }), signal: abort.signal });
+      return C.fetch(path, params, { headers: { Accept: "text/event-stream" }, signal: abort.signal });
     }
 
     /** Hand each event of ``response`` to ``onEvent`` until the body ends; false if the connection restarted meanwhile. */
