@@ -45,7 +45,9 @@ def test_global_feed_in_id_order(seeded):
                           ("1", "b", "submitted"), ("2", "b", "workers"), ("1", "b", "frontend")]
     ids = [e["id"] for e in body["events"]]
     assert ids == sorted(ids) and body["next_cursor"] == ids[-1]
-    assert set(body["events"][0]) == {"id", "job_id", "cluster", "status", "stage", "message", "created_at"}
+    assert set(body["events"][0]) == {"id", "job_id", "cluster", "status", "stage", "message", "created_at",
+                                      "credential"}
+    assert {e["credential"] for e in body["events"]} == {"env:write"}  # who wrote each: the spec's write token
 
 
 def test_poll_loop_follows_next_cursor(seeded):

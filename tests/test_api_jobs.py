@@ -63,7 +63,7 @@ def test_post_is_201_with_submitted_and_cluster(api):
     assert job["updated_at"] == "2025-01-26T10:30:00Z"
     assert job["events"] == [{"id": job["events"][0]["id"], "job_id": "12345", "cluster": "gpu-cluster-01",
                               "status": "submitted", "stage": None, "message": None,
-                              "created_at": "2025-01-26T10:30:00Z"}]
+                              "created_at": "2025-01-26T10:30:00Z", "credential": "env:write"}]
 
 
 def test_repeated_post_is_201_and_changes_nothing(api):

@@ -83,7 +83,7 @@ def test_every_line_is_json_with_request_ids_and_no_secrets(json_server):
     assert _access(entries, put) == {
         **_access(entries, put),
         "level": "INFO", "method": "PUT", "path": "/api/jobs/logfmt-1", "query": None, "status": 200,
-        "bytes": len(put.content), "remote": "127.0.0.1",
+        "bytes": len(put.content), "remote": "127.0.0.1", "credential": "env:write",
     }
     assert _access(entries, put)["duration_ms"] >= 0
     # The application line of that PUT carries the same id.
@@ -91,13 +91,16 @@ def test_every_line_is_json_with_request_ids_and_no_secrets(json_server):
     assert transition["message"] == "job logfmt-1 -> starting/starting: Job started on node-01"
     assert transition["request_id"] == put.headers["X-Request-ID"]
     assert _access(entries, responses["wrong"])["status"] == 401
+    assert _access(entries, responses["wrong"])["credential"] is None  # no credential matched: who is unknown
+    assert _access(entries, responses["wrong"])["message"].endswith(" credential=-")
     assert _access(entries, responses["missing"])["status"] == 404
     assert _access(entries, responses["missing"])["path"] == "/api/jobs/no-such-job"
     query = _access(entries, responses["query"])
     assert query["query"] == "limit=5&token=REDACTED"
     assert query["message"].endswith(
         f'"GET /api/jobs?limit=5&token=REDACTED" 200 {query["duration_ms"]:.1f}ms '
-        f'request_id={responses["query"].headers["X-Request-ID"]}')
+        f'request_id={responses["query"].headers["X-Request-ID"]} credential=env:read')
+    assert query["credential"] == "env:read"
     # Lines outside a request say so.
     listening = [e for e in entries if "istening" in e["message"]]
     assert listening and all(e["request_id"] is None for e in listening)

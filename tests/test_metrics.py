@@ -20,6 +20,7 @@ from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from collector import credentials
 from collector import metrics
 from collector.app import create_app
 from collector.db import Database
@@ -86,7 +87,7 @@ def put(url: str, job_id: str, status: str = "workers", *, token: str | None = N
 
 
 def test_requests_are_counted_by_route_template_method_and_status(api):
-    before = scrape(api.url)
+    before = scrape(api.url, api.token)
     submit = {"job_id": "m-1", "job_name": "metrics", "submitted_at": "2025-01-26T10:30:00Z"}
     assert api.post("/api/jobs", json=submit).status_code == 201
     assert put(api.url, "m-1", "starting", token=api.token).status_code == 200
@@ -94,7 +95,7 @@ def test_requests_are_counted_by_route_template_method_and_status(api):
     assert api.get("/api/jobs/no-such-job").status_code == 404
     assert api.get("/api/no/such/route").status_code == 404
     assert api.get("/api/jobs", token=None).status_code == 401
-    after = scrape(api.url)
+    after = scrape(api.url, api.token)
 
     def delta(name, **labels):
         return value(after, name, **labels) - value(before, name, **labels)
@@ -127,7 +128,7 @@ def test_requests_are_counted_by_route_template_method_and_status(api):
 
 
 def test_ingested_bytes_and_appended_events_are_counted_once(api):
-    before = scrape(api.url)
+    before = scrape(api.url, api.token)
     data = bytes(range(256)) * 4
 
     def log(offset, chunk, **params):
@@ -148,7 +149,7 @@ def test_ingested_bytes_and_appended_events_are_counted_once(api):
     assert capture(200, b"q" * 100).json()["complete"] is True  # the reporter's retry of the last chunk
     assert put(api.url, "m-ingest", "starting", token=api.token).status_code == 200
     assert put(api.url, "m-ingest", "starting", token=api.token).status_code == 200  # unchanged: no event
-    after = scrape(api.url)
+    after = scrape(api.url, api.token)
     feed = api.get("/api/events", params={"after": 0, "limit": 1000}).json()["events"]
     assert [(e["job_id"], e["status"]) for e in feed] == [("m-ingest", "submitted"), ("m-ingest", "starting")]
     assert value(after, INGESTED, kind="logs") - value(before, INGESTED, kind="logs") == len(data) + 40
@@ -162,7 +163,7 @@ def test_cluster_report_age_is_read_at_scrape_time(api):
     for job_id, cluster, seconds_ago in reports:
         assert put(api.url, job_id, token=api.token, cluster=cluster,
                    updated_at=stamp(base - dt.timedelta(seconds=seconds_ago))).status_code == 200
-    samples = scrape(api.url)
+    samples = scrape(api.url, api.token)
     elapsed = (dt.datetime.now(dt.UTC) - base).total_seconds()
     ages = {dict(labels)["cluster"]: age for labels, age in series(samples, AGE).items()}
     assert set(ages) == {"alpha", "beta"}  # a job with no cluster belongs to none
@@ -223,9 +224,25 @@ def test_pool_gauges_follow_checkouts_and_checkins(database):
 # -- auth and settings --------------------------------------------------------------
 
 
-def test_metrics_are_open_by_default(api):
-    assert requests.get(api.url + "/metrics", timeout=10).status_code == 200
-    assert api.get("/api/jobs", token=None).status_code == 401
+def test_metrics_need_a_credential_by_default_when_tokens_are_configured(serve, tmp_path):
+    # No credentials at all: every route is open, /metrics too.
+    assert requests.get(serve().url + "/metrics", timeout=10).status_code == 200
+    # The spec's token configured: /metrics answers only a credential.
+    guarded = serve(write_token="w-default", read_token="r-default")
+    anonymous = requests.get(guarded.url + "/metrics", timeout=10)
+    assert (anonymous.status_code, anonymous.headers["WWW-Authenticate"]) == (401, "Bearer")
+    assert guarded.get("/metrics", token="r-default").status_code == 200
+    # A tokens file alone does the same, and any of its credentials may scrape.
+    tokens = tmp_path / "tokens.json"
+    secret = credentials.add(tokens, "scraper", "read")
+    from_file = serve(tokens_file=tokens)
+    assert requests.get(from_file.url + "/metrics", timeout=10).status_code == 401
+    assert from_file.get("/metrics", token=secret).status_code == 200
+    # COLLECTOR_METRICS_AUTH=open opens it again; the API stays closed.
+    settings = Settings.from_env({"COLLECTOR_METRICS_AUTH": "open", "SRTCTL_STATUS_TOKEN": "w-open"})
+    reopened = serve(write_token=settings.write_token, metrics_auth=settings.metrics_auth)
+    assert requests.get(reopened.url + "/metrics", timeout=10).status_code == 200
+    assert reopened.get("/api/jobs", token=None).status_code == 401
 
 
 def test_metrics_behind_the_tokens_when_asked(serve):
@@ -240,11 +257,14 @@ def test_metrics_behind_the_tokens_when_asked(serve):
 
 
 def test_metrics_auth_setting_is_read_and_checked():
-    assert Settings.from_env({}).metrics_auth == "open"
+    assert Settings.from_env({}).metrics_auth is None  # decided by whether tokens are configured
+    assert Settings.from_env({}).metrics_open is True
+    assert Settings.from_env({"SRTCTL_STATUS_TOKEN": "w"}).metrics_open is False
+    assert Settings.from_env({"SRTCTL_STATUS_TOKEN": "w", "COLLECTOR_METRICS_AUTH": "open"}).metrics_open is True
     assert Settings.from_env({"COLLECTOR_METRICS_AUTH": " Token "}).metrics_auth == "token"
     with pytest.raises(SettingsError, match=r"^COLLECTOR_METRICS_AUTH must be 'open' or 'token', got 'tokens'$"):
         Settings.from_env({"COLLECTOR_METRICS_AUTH": "tokens"}).check()
-    needs = r"^COLLECTOR_METRICS_AUTH=token needs the tokens set: set \$SRTCTL_STATUS_TOKEN"
+    needs = r"^COLLECTOR_METRICS_AUTH=token needs credentials: set COLLECTOR_TOKENS_FILE or \$SRTCTL_STATUS_TOKEN"
     with pytest.raises(SettingsError, match=needs):
         Settings.from_env({"COLLECTOR_METRICS_AUTH": "token"}).check()
     Settings.from_env({"COLLECTOR_METRICS_AUTH": "token", "SRTCTL_STATUS_TOKEN": "w"}).check()
@@ -259,6 +279,8 @@ def test_openapi_documents_metrics_auth_as_configured():
     assert list(open_route["responses"]["200"]["content"]) == ["text/plain"]
     guarded = metrics_operation(write_token="w", metrics_auth="token")
     assert "security" not in guarded and "401" in guarded["responses"]
+    assert metrics_operation(write_token="w") == guarded  # the default once tokens are configured
+    assert metrics_operation(write_token="w", metrics_auth="open") == open_route
 
 
 # -- multiprocess mode ----------------------------------------------------------------
@@ -366,7 +388,7 @@ def test_cluster_health_and_stale_marks_are_exported(serve):
 
     api = serve(write_token="w-" + uuid.uuid4().hex, stale_grace_s=0.5)
     headers = {"Authorization": f"Bearer {api.token}"}
-    before = value(scrape(api.url), "collector_stale_jobs_marked_total", rule="left_queue")
+    before = value(scrape(api.url, api.token), "collector_stale_jobs_marked_total", rule="left_queue")
     assert requests.post(api.url + "/api/jobs", headers=headers, timeout=10, json={
         "job_id": "m-s1", "job_name": "n", "submitted_at": "2026-12-03T08:00:00Z", "cluster": "hpc"}).status_code == 201
     body = {"probed_at": stamp(dt.datetime.now(dt.UTC)), "queried_job_ids": ["m-s1"],
@@ -378,7 +400,7 @@ def test_cluster_health_and_stale_marks_are_exported(serve):
     sweep = api.janitor.sweep(now=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.6))
     assert ([c.job_id for c in sweep.candidates], sweep.marked) == (["m-s1"], 1)
     since_report = time.monotonic() - reported
-    samples = scrape(api.url)
+    samples = scrape(api.url, api.token)
     assert value(samples, "collector_stale_jobs_marked_total", rule="left_queue") == before + 1
     assert {dict(labels)["status"]: v for labels, v in series(samples, "collector_cluster_status").items()} == {
         "available": 0.0, "degraded": 1.0, "unavailable": 0.0}  # nodes, none usable: degraded, "; no usable nodes"
