@@ -62,12 +62,12 @@ def prepare_to_serve(app: Flask) -> None:
     """Before serving: refuse unsafe settings; migrate SQLite, or refuse an old PostgreSQL schema.
 
     Not part of create_app: `flask --app collector db upgrade` builds the app too, and a
-    migration must not need the tokens or bind address that serving does.
+    migration must not need the tokens or bind address that serving does. Nor is the
+    tokens file checked here: each gunicorn worker runs this, and a worker must never
+    die over the file (``credentials.check_file`` runs once, in the master).
     """
     settings: Settings = app.config["COLLECTOR_SETTINGS"]
     settings.check()
-    if settings.tokens_file is not None:
-        guard.keyring_of(app).load()  # a tokens file the workers could not use stops the start here
     engine = db.get_db_of(app).engine
     if settings.migrates_on_start:
         upgrade(settings.database_url)

@@ -1,18 +1,25 @@
-"""The ``collector`` command: ``serve``, ``prune`` and ``db`` (also reachable as ``flask --app collector db``)."""
+"""The ``collector`` command: ``serve``, ``prune``, ``token``, ``db`` (also ``flask --app collector db``)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import cast
 
 import click
 
+from collector.cli_options import database_url_of
+from collector.cli_options import db_option
+from collector.cli_options import redacted
 from collector.probe import probe as probe_command
 from collector.reporter.cli import client_commands
 from collector.settings import Settings
 from collector.settings import SettingsError
-from collector.settings import database_url
+from collector.token_cli import token_group
 
 if TYPE_CHECKING:
     from collector.probe import ProbeThread
@@ -33,6 +40,8 @@ def main() -> None:
 @click.option("--token-env", default=None, help="Variable holding the write token (default SRTCTL_STATUS_TOKEN).")
 @click.option("--read-token-env", default=None,
               help="Variable holding the read token (default SRTCTL_STATUS_READ_TOKEN).")
+@click.option("--tokens-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Tokens file of named credentials (default COLLECTOR_TOKENS_FILE; see `collector token`).")
 @click.option("--allow-unauthenticated", is_flag=True, default=None, help="Serve without a token off loopback.")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="Origin allowed to read from a browser; repeatable; '*' for any.")
@@ -43,8 +52,8 @@ def main() -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="gunicorn worker processes (default: 1 on SQLite, 2 x CPUs on PostgreSQL).")
 def serve(host: str | None, port: int | None, db: str | None, token_env: str | None, read_token_env: str | None,
-          allow_unauthenticated: bool | None, cors_origins: tuple[str, ...], probe_cluster: str | None,
-          probe_interval: float, workers: int | None) -> None:
+          tokens_file: Path | None, allow_unauthenticated: bool | None, cors_origins: tuple[str, ...],
+          probe_cluster: str | None, probe_interval: float, workers: int | None) -> None:
     """Serve the collector with gunicorn, as deployments do (one worker on SQLite by default)."""
     from collector import serving
 
@@ -53,6 +62,8 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
     from collector import log_format
     from collector.app import create_app
     from collector.app import prepare_to_serve
+    from collector.credentials import check_file
+    from collector.credentials import env_credentials
     from collector.db import get_db_of
 
     try:
@@ -62,6 +73,7 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
             database_url=db,
             token_env=token_env,
             read_token_env=read_token_env,
+            tokens_file=tokens_file,
             allow_unauthenticated=allow_unauthenticated,
             cors_origins=cors_origins or None,
             workers=workers,
@@ -69,19 +81,28 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
         # Before gunicorn configures logging, so a refusal below is in the chosen format
         # too; an unknown format logs as text until check() refuses it.
         log_format.configure(settings.log_format)
+        if probe_cluster and settings.requires_token and not settings.write_token:
+            # The in-process probe reports over HTTP with the spec's write token, and a
+            # tokens file holds no secret it could use instead.
+            raise SettingsError(
+                f"--probe-cluster reports with the write token ${settings.token_env}, which is not set: set it, "
+                f"or run `collector probe --cluster {probe_cluster}` on its own with a write credential of "
+                f"that cluster (`collector token add NAME --role write --cluster {probe_cluster}`)"
+            )
         # Checked and migrated once, here; the workers build their own apps after the fork.
         app = create_app(settings)
         prepare_to_serve(app)
         get_db_of(app).dispose()
+        credentials = check_file(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+        auth = _auth_summary(settings, credentials)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
     probes: list[ProbeThread] = []
 
     def ready(server: GunicornArbiter) -> None:
         port = serving.listening_port(server)
-        auth = "token required" if settings.write_token else "no token (open)"
         log.info("collector listening on http://%s:%d (%s, %s)", settings.host, port,
-                 _redacted(settings.database_url), auth)
+                 redacted(settings.database_url), auth)
         if probe_cluster:
             # In the master, so one probe runs however many workers serve.
             probes.append(_start_probe(probe_cluster, probe_interval, port, settings))
@@ -94,6 +115,17 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
     serving.CollectorServer(settings, when_ready=ready, on_stop=stopped).run()
 
 
+def _auth_summary(settings: Settings, count: int) -> str:
+    """How the server checks requests, for its startup line (never a secret); ``count`` credentials in the file."""
+    spec_tokens = " and ".join(f"${name}" for name, value in ((settings.token_env, settings.write_token),
+                                                               (settings.read_token_env, settings.read_token))
+                               if value)
+    if settings.tokens_file is None:
+        return "token required" if settings.write_token else "no token (open)"
+    summary = f"tokens file {settings.tokens_file} ({count} credential{'' if count == 1 else 's'})"
+    return f"{summary} and {spec_tokens}" if spec_tokens else summary
+
+
 def _start_probe(cluster: str, interval: float, port: int, settings: Settings) -> ProbeThread:
     from collector.probe import start_in_process
 
@@ -103,22 +135,6 @@ def _start_probe(cluster: str, interval: float, port: int, settings: Settings) -
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     log.info("probing Slurm cluster %s every %g s", cluster, interval)
     return start_in_process(cluster, url, settings.write_token, interval_s=interval)
-
-
-def _redacted(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def _database_url(db: str | None) -> str:
-    # The same environment the app reads; `flask --app collector db ...` lands here too,
-    # without building the app (whose serving checks, such as tokens, do not apply).
-    return database_url(db) if db else Settings.from_env().database_url
-
-
-db_option = click.option("--db", "db", default=None,
-                         help="SQLite file path or SQLAlchemy URL (default from COLLECTOR_DATABASE_URL).")
 
 
 @click.group("db")
@@ -133,10 +149,10 @@ def upgrade(db: str | None, revision: str) -> None:
     """Upgrade the schema to the newest revision (or --revision)."""
     from collector import migrations
 
-    url = _database_url(db)
+    url = database_url_of(db)
     _ensure_sqlite_dir(url)
     migrations.upgrade(url, revision)
-    click.echo(f"database {_redacted(url)} is at {revision}")
+    click.echo(f"database {redacted(url)} is at {revision}")
 
 
 @db_group.command(context_settings={"ignore_unknown_options": True})
@@ -146,9 +162,9 @@ def downgrade(db: str | None, revision: str) -> None:
     """Downgrade the schema to REVISION (e.g. -1, or base)."""
     from collector import migrations
 
-    url = _database_url(db)
+    url = database_url_of(db)
     migrations.downgrade(url, revision)
-    click.echo(f"database {_redacted(url)} downgraded to {revision}")
+    click.echo(f"database {redacted(url)} downgraded to {revision}")
 
 
 @db_group.command()
@@ -159,7 +175,7 @@ def current(db: str | None) -> None:
 
     from collector import migrations
 
-    engine = create_engine(_database_url(db))
+    engine = create_engine(database_url_of(db))
     try:
         revision = migrations.current_revision(engine)
     finally:
@@ -177,7 +193,7 @@ def recount(db: str | None) -> None:
 
     from collector.store import counts
 
-    engine = create_engine(_database_url(db))
+    engine = create_engine(database_url_of(db))
     try:
         with engine.begin() as conn:
             counts.recount(conn)
@@ -193,7 +209,6 @@ def recount(db: str | None) -> None:
 @click.argument("role")
 def grant_readonly(db: str | None, password_env: str | None, role: str) -> None:
     """Create or update LOGIN role ROLE that can read only the collector_api views (PostgreSQL)."""
-    import os
 
     import psycopg
     from sqlalchemy import create_engine
@@ -204,7 +219,7 @@ def grant_readonly(db: str | None, password_env: str | None, role: str) -> None:
     problem = grants.role_name_problem(role)
     if problem:
         raise click.BadParameter(problem, param_hint="ROLE")
-    url = _database_url(db)
+    url = database_url_of(db)
     if make_url(url).get_backend_name() != "postgresql":
         raise click.ClickException("grant-readonly needs PostgreSQL: SQLite has no roles and no collector_api "
                                    "views (dashboards read PostgreSQL only)")
@@ -226,7 +241,7 @@ def grant_readonly(db: str | None, password_env: str | None, role: str) -> None:
         raise click.ClickException(f"PostgreSQL refused: {exc.diag.message_primary or exc}") from None
     finally:
         engine.dispose()
-    click.echo(f"role {role} {outcome}: it can read the {grants.API_SCHEMA} views of {_redacted(url)}")
+    click.echo(f"role {role} {outcome}: it can read the {grants.API_SCHEMA} views of {redacted(url)}")
 
 
 @main.command()
@@ -243,7 +258,6 @@ def grant_readonly(db: str | None, password_env: str | None, role: str) -> None:
 def prune(days: float, cluster: str | None, status: str | None, logs_only: bool, dry_run: bool, batch_size: int,
           db: str | None) -> None:
     """Delete finished jobs (or only their logs and captures) older than a cutoff."""
-    import datetime as dt
 
     from collector.db import Database
     from collector.store import retention
@@ -254,7 +268,7 @@ def prune(days: float, cluster: str | None, status: str | None, logs_only: bool,
         statuses=(status,) if status else retention.FINISHED,
         logs_only=logs_only,
     )
-    database = Database(Settings.from_env(database_url=_database_url(db)))
+    database = Database(Settings.from_env(database_url=database_url_of(db)))
     try:
         pruned = retention.prune(database.run, selection, dry_run=dry_run, batch_size=batch_size)
     finally:
@@ -270,7 +284,6 @@ def prune(days: float, cluster: str | None, status: str | None, logs_only: bool,
 @main.command()
 def openapi() -> None:
     """Print the OpenAPI document (docs/openapi.json is this output)."""
-    import json
 
     from collector.app import create_app
     from collector.openapi import document
@@ -286,6 +299,7 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 
 main.add_command(db_group)
+main.add_command(token_group)
 main.add_command(probe_command)
 for _command in client_commands.commands.values():  # report, stream-logs, wrap
     main.add_command(_command)

@@ -192,13 +192,19 @@ def check_permissions(path: Path, st: os.stat_result) -> None:
         )
 
 
+def _problem(exc: ValidationError, where_none: str) -> str:
+    """The first problem pydantic found, as "where: what" (without pydantic's "Value error, " prefix)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or where_none
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
 def _parse(path: Path, raw: bytes) -> TokensFile:
     try:
         return TokensFile.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the file"
-        raise CredentialsError(f"tokens file {path} is not valid: {where}: {first['msg']}") from None
+        raise CredentialsError(f"tokens file {path} is not valid: {_problem(exc, 'the file')}") from None
 
 
 def read_file(path: Path) -> tuple[TokensFile, os.stat_result]:
@@ -233,6 +239,19 @@ def env_credentials(write_token: str | None, read_token: str | None) -> dict[str
     return found
 
 
+def check_file(path: Path | None, env: dict[str, Credential]) -> int:
+    """Refuse to start on a tokens file no process could use; how many credentials it holds.
+
+    Run once when a server starts (``collector serve``, the gunicorn master): a worker that
+    meets a broken file later keeps serving (``Keyring.refresh``) instead of dying over it.
+    """
+    if path is None:
+        return 0
+    keyring = Keyring(path, env)
+    keyring.load()
+    return keyring.file_credentials
+
+
 class Keyring:
     """The credentials one process knows, re-read from the tokens file when it changes."""
 
@@ -244,6 +263,7 @@ class Keyring:
         self.monotonic = monotonic
         # Replaced whole on reload, never mutated: readers on other threads need no lock.
         self._by_digest: dict[str, Credential] = dict(env)
+        self.file_credentials = 0
         self._signature: tuple[int, ...] | None = None
         self._checked_at = -float("inf")
         self._reload_lock = threading.Lock()
@@ -271,6 +291,7 @@ class Keyring:
             names = ", ".join(sorted(by_digest[d].name for d in clash))
             raise CredentialsError(f"tokens file {self.path}: {names} has the secret of an environment token")
         self._by_digest = {**by_digest, **self.env}
+        self.file_credentials = len(by_digest)
         self._signature = _signature(st)
         self._checked_at = self.monotonic()
 
@@ -278,8 +299,10 @@ class Keyring:
         """Re-read the file if it changed (looked at once per ``check_every_s`` unless ``force``)."""
         if self.path is None or (not force and self.monotonic() - self._checked_at < self.check_every_s):
             return
-        if not self._reload_lock.acquire(blocking=False):
-            return  # another thread is reading it; this request uses what is known
+        # Another thread may be reading it. A periodic look then uses what is known; an unknown
+        # token waits for that read, which may be the one that knows it (two first uses at once).
+        if not self._reload_lock.acquire(blocking=force):
+            return
         try:
             self._checked_at = self.monotonic()
             try:
@@ -295,7 +318,7 @@ class Keyring:
                 self._keep_last(str(exc), signature)
                 return
             self._failed = None
-            log.info("tokens file %s reloaded: %d credentials", self.path, len(self._by_digest) - len(self.env))
+            log.info("tokens file %s reloaded: %d credentials", self.path, self.file_credentials)
             self.on_reload(True)
         finally:
             self._reload_lock.release()
@@ -304,7 +327,9 @@ class Keyring:
         # A broken edit must not lock everyone out: serve the last good file, and say so once per change.
         if self._failed != signature:
             self._failed = signature
-            log.error("%s; still using the credentials read before", why)
+            known = ("still using the credentials read before" if self._signature is not None
+                     else "until it is fixed this process knows only the spec's tokens")
+            log.error("%s; %s", why, known)
             self.on_reload(False)
 
     def lookup(self, token: str | None) -> Credential | None:
@@ -383,9 +408,7 @@ def add(path: Path, name: str, role: Role, clusters: tuple[str, ...] = (),
             entry = TokenEntry(name=name, role=role, clusters=clusters, sha256=digest(secret),
                                created_at=(now or dt.datetime.now(dt.UTC)).replace(microsecond=0))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise CredentialsError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+            raise CredentialsError(_problem(exc, "")) from None
         tokens.tokens.append(entry)
     return secret
 

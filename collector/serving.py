@@ -113,7 +113,7 @@ def options(settings: Settings, *, text_format: str = GUNICORN_TEXT_FORMAT, serv
         "loglevel": settings.server_log_level or server_log_level,
         "proc_name": "collector",
         "logconfig_dict": logging_config(settings, text_format, settings.server_log_level or server_log_level),
-        "on_starting": on_starting,
+        "on_starting": _starting(settings),
         "post_worker_init": post_worker_init,
         "child_exit": child_exit,
         "on_exit": on_exit,
@@ -159,6 +159,8 @@ def post_worker_init(worker: GunicornWorker) -> None:
     # Every worker competes for the stale-job sweep from its start, not from its first
     # request: a replacement for a dead sweeper must take over even if no traffic comes.
     extensions["collector.janitor"].ensure_running()
+    # Read the tokens file now, so a worker that starts while it is broken says so at once.
+    extensions["collector.keyring"].refresh()
 
     def watch() -> None:
         while worker.alive:
@@ -166,6 +168,22 @@ def post_worker_init(worker: GunicornWorker) -> None:
         hub.close()
 
     threading.Thread(target=watch, name="collector-stop-streams", daemon=True).start()
+
+
+def _starting(settings: Settings) -> Callable[[GunicornArbiter | None], None]:
+    def starting(server: GunicornArbiter | None) -> None:
+        # In the master, once (a reload does not run it): a tokens file no worker could use
+        # stops the start, with gunicorn's "Error: ..." line; later, workers keep serving.
+        from collector.credentials import check_file
+        from collector.credentials import env_credentials
+
+        try:
+            check_file(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
+        on_starting(server)
+
+    return starting
 
 
 def on_starting(server: GunicornArbiter | None) -> None:

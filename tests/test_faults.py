@@ -581,3 +581,87 @@ def test_requests_that_waited_past_the_queue_timeout_are_shed_not_run(database):
     assert all(w.attempts[0].status == 200 for w in served)
     assert stored == {"shed-holder"} | {w.job_id for w in served}  # not one shed PUT ran
     assert report.problems == [], str(report)
+
+
+# --- 8. kill -9 of a worker during a token rotation --------------------------------------------
+
+
+class RotatingLoad(Load):
+    """A Load whose token can be switched, knowing which threads have finished a write with the new one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.moved: set[str] = set()
+
+    def switch(self, token: str) -> None:
+        self.moved = set()
+        self.token = token
+
+    def all_moved(self) -> bool:
+        return len(self.moved) == self.threads
+
+    def _attempt(self, write: Write):
+        token = self.token  # read before the request is: a switch in between leaves the thread unmoved
+        attempt = super()._attempt(write)
+        if token == self.token:
+            self.moved.add(threading.current_thread().name)
+        return attempt
+
+
+def token_command(path: Path, *args: str) -> str:
+    """`collector token ARGS --file PATH`, as an operator runs it; its stdout."""
+    done = subprocess.run(collector_command("token", *args, "--file", str(path)), env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def kill_a_worker(server: ServerProcess, master: int) -> float:
+    """kill -9 one worker and wait for its replacement; how long that took."""
+    victim = random.choice(workers_of(master))
+    booted = "Booting worker with pid: "
+    before = server.output.count(booted)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(functools.partial(replaced_worker, server, master, booted, before, victim), 15, "a replacement worker")
+    return time.monotonic() - killed
+
+
+def test_kill_9_of_a_worker_during_a_token_rotation(database, tmp_path):
+    # Writers use a scoped credential from the tokens file; it is rotated while workers die,
+    # so replacements must read the file as it is then, and every survivor notice the change.
+    database.clean()
+    path = tmp_path / "tokens.json"
+    old = token_command(path, "add", "faults-old", "--role", "write", "--cluster", "faults").splitlines()[-1]
+    server = gunicorn(database.url, workers=2, COLLECTOR_TOKENS_FILE=str(path))
+    try:
+        master = server.proc.pid
+        wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
+        load = RotatingLoad(server.url, prefix="rotate-", threads=6, token=old)
+        load.start()
+        wait_for(lambda: len(load.acked) >= 40, 15, "writes with the old token")
+        replaced = [kill_a_worker(server, master)]
+        new = token_command(path, "add", "faults-new", "--role", "write", "--cluster", "faults").splitlines()[-1]
+        load.switch(new)
+        replaced.append(kill_a_worker(server, master))
+        wait_for(load.all_moved, 15, "every load thread to write with the new token")
+        token_command(path, "remove", "faults-old")
+        removed = time.monotonic()
+        # Refused everywhere: several refusals in a row, on fresh connections to either worker.
+        wait_for(lambda: all(requests.get(server.url + "/api/jobs", headers={"Authorization": f"Bearer {old}"},
+                                          timeout=5).status_code == 401 for _ in range(8)), 5, "the old token refused")
+        refused_after = time.monotonic() - removed
+        acked = len(load.acked)
+        replaced.append(kill_a_worker(server, master))
+        wait_for(lambda: len(load.acked) >= acked + 40, 15, "writes after the removal")
+        load.stop()
+        report = verify(database.engine, load.writes, url=server.url, token=new)
+    finally:
+        server.stop()
+    figure(f"kill -9 worker during a token rotation ({database.url.split(':')[0]}): 3 kills, replacement booted "
+           f"after {', '.join(f'{r:.2f}' for r in replaced)} s; old token refused everywhere "
+           f"{refused_after:.2f} s after its removal; {load.summary()}; {report}")
+    assert_stored(report, load)
+    database.assert_counts_match_jobs()
+    assert not [a for w in load.writes for a in w.attempts if a.status in (401, 403)]
+    assert {a.status for _, a in load.failures} <= {None}, load.failure_kinds()
