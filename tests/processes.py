@@ -99,3 +99,18 @@ def collector_command(*args: str) -> list[str]:
 def run(args: list[str], env: dict[str, str], *, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a command to completion and capture its output."""
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def workers_of(master: int) -> list[int]:
+    """The live (not zombie) children of ``master``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == master and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return sorted(pids)

@@ -41,6 +41,7 @@ from tests.helpers import wait_for
 from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
+from tests.processes import workers_of
 
 pytestmark = pytest.mark.faults
 
@@ -63,21 +64,6 @@ def gunicorn(url: str, *, workers: int = 2, **extra: str) -> ServerProcess:
     extra.setdefault("COLLECTOR_LOG_LEVEL", "warning")  # one line per transition otherwise
     return ServerProcess(GUNICORN, quiet_env(COLLECTOR_DATABASE_URL=url, COLLECTOR_PORT="0",
                                              COLLECTOR_WORKERS=str(workers), **extra))
-
-
-def workers_of(master: int) -> list[int]:
-    """The live (not zombie) children of ``master``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == master and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def assert_stored(report, load: Load, *, events: int | None = None) -> None:

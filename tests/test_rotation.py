@@ -30,6 +30,7 @@ from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
 from tests.processes import run
+from tests.processes import workers_of
 
 
 class Clients:
@@ -97,20 +98,6 @@ class Clients:
                 self.answers.append((self.names[token], method, status))
                 if token == self.token:
                     self._moved.add(me)
-
-
-def workers_of(master: int) -> set[int]:
-    """The live (not zombie) children of ``master``."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == master and fields[0] != "Z":
-                pids.add(int(entry.name))
-    return pids
 
 
 def status_with(url: str, token: str) -> int:
@@ -186,7 +173,7 @@ def test_sighup_starts_workers_that_read_the_file_anew(start, tokens_path):
     new = credentials.add(tokens_path, "new", "write")
     server = start()
     master = server.proc.pid
-    before = workers_of(master)
+    before = set(workers_of(master))
     clients = Clients(server.url, new, {old: "old", new: "new"}).start()
     try:
         assert status_with(server.url, old) == 200
@@ -194,7 +181,7 @@ def test_sighup_starts_workers_that_read_the_file_anew(start, tokens_path):
         credentials.remove(tokens_path, "old")
         os.kill(master, signal.SIGHUP)
         # gunicorn starts new workers and stops the old ones gracefully.
-        wait_for(lambda: (len(workers_of(master)) == 2 and not workers_of(master) & before), 20,
+        wait_for(lambda: (len(workers_of(master)) == 2 and not set(workers_of(master)) & before), 20,
                  "two new workers and none of the old")
         # The first request after the reload: no second of grace for the removed token.
         assert status_with(server.url, old) == 401
@@ -302,14 +289,14 @@ def test_a_worker_started_while_the_file_is_broken_serves_on(database, tokens_pa
     try:
         master = server.proc.pid
         wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
-        before = workers_of(master)
+        before = set(workers_of(master))
         assert all(status_with(server.url, secret) == 200 for _ in range(8))
         good = tokens_path.read_text()
         tokens_path.write_text('{"version": 1, "tokens": [')
         victim = min(workers_of(master))
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: len(workers_of(master)) == 2 and victim not in workers_of(master), 20, "a new worker")
-        [new_worker] = workers_of(master) - before
+        [new_worker] = set(workers_of(master)) - before
         wait_for(lambda: any(e["pid"] == new_worker and e["level"] == "ERROR" for e in log_entries(server)), 10,
                  "the new worker to report the broken file")
         answers = Counter(status_with(server.url, secret) for _ in range(20))
