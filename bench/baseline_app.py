@@ -30,7 +30,8 @@ DSN = os.environ["BASELINE_DSN"]
 _local = threading.local()
 
 
-def _connection() -> psycopg.Connection:
+def thread_connection() -> psycopg.Connection:
+    """This thread's connection, in autocommit mode (bench/floor_app.py writes on it directly)."""
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed:
         # One long-lived connection per gunicorn thread: the cheapest pooling there is.
@@ -41,7 +42,7 @@ def _connection() -> psycopg.Connection:
 @contextlib.contextmanager
 def connection():
     """A transaction on this thread's connection (commit on success, rollback on error)."""
-    conn = _connection()
+    conn = thread_connection()
     with conn.transaction():
         yield conn
 

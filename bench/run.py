@@ -1,6 +1,6 @@
 """Run the benchmark suite and print a markdown table.
 
-    python -m bench.run                 # full run: PostgreSQL (collector vs baseline) and SQLite
+    python -m bench.run                 # full run: PostgreSQL (collector, baseline, floor, builtin) and SQLite
     python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
     python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
     python -m bench.run --only streams --backends postgres   # 500 event streams under a paced PUT load
@@ -14,6 +14,7 @@ the run are dropped after it. Load comes from wrk (Debian package `wrk`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import create_engine
@@ -34,6 +36,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 from bench import blobs
+from bench import builtin_app
 from bench import seed
 from bench import slowclients
 from bench import streams
@@ -66,7 +69,11 @@ def wrk(url: str, mode: str, *, token: str, close: bool, duration: float, connec
     """One bounded wrk run; returns its summary. Each run gets its own run id (job id prefix)."""
     args = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{int(duration)}s", "--timeout", "10s", "-s", str(LUA),
             url, "--", mode, token, "close" if close else "keep", str(paths or "-"), uuid.uuid4().hex[:8], *extra]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60, check=True).stdout
+    done = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60)
+    if done.returncode:
+        raise RuntimeError(f"wrk against {url} ({mode}) exited {done.returncode}: {done.stderr.strip()[-500:]}"
+                           f" {done.stdout.strip()[-500:]}")
+    out = done.stdout
     line = next(line for line in out.splitlines() if line.startswith("BENCH_JSON "))
     data = json.loads(line.removeprefix("BENCH_JSON "))
     return Result(
@@ -77,6 +84,33 @@ def wrk(url: str, mode: str, *, token: str, close: bool, duration: float, connec
         socket_errors=data["socket_errors"],
         resent=data.get("resent", 0),
     )
+
+
+@dataclasses.dataclass
+class Target:
+    """A server under test: its column in the table, where it listens, how to empty and seed its database."""
+
+    label: str
+    url: str
+    token: str
+    # PostgreSQL or SQLAlchemy SQLite URL, or the built-in stand-in's SQLite file
+    db: str
+    empty: Callable[[], None]
+    seed: Callable[[int], int]
+
+
+def pg_target(label: str, url: str, token: str, db: str) -> Target:
+    return Target(label, url, token, db, empty=lambda: truncate(db), seed=lambda n: seed.seed_postgres(db, n))
+
+
+def start_builtin(stack: contextlib.ExitStack, path: Path) -> Target:
+    """The built-in collector's stand-in (bench/builtin_app.py) on its own SQLite file, stopped with ``stack``."""
+    db = str(path)
+    server = ServerProcess([sys.executable, "-m", "bench.builtin_app", "--db", db, "--port", "0"],
+                           child_env(SRTCTL_STATUS_TOKEN=TOKEN))
+    stack.callback(server.stop)
+    return Target("builtin", server.url, TOKEN, db, empty=lambda: builtin_app.empty(db),
+                  seed=lambda n: seed.seed_builtin(db, n))
 
 
 def median_result(results: list[Result]) -> Result:
@@ -164,6 +198,8 @@ WRITE_SCENARIOS = [
     ("put_lifecycle_keepalive", "put", False),
     ("post_create", "post", True),
 ]
+# What the built-in collector's stand-in answers (bench/builtin_app.py): it stores no logs.
+BUILTIN_SCENARIOS = [name for name, _mode, _close in WRITE_SCENARIOS] + READ_SCENARIOS
 # Streamed logs and capture segments (PostgreSQL only): bench/blobs.py and the logs mode of bench.lua.
 BLOB_SCENARIOS = ["logs_ingest", "logs_tail", "capture_rss"]
 LOG_CHUNK = 256 * 1024
@@ -187,75 +223,95 @@ def selected(args, scenarios: list) -> list:
 def run_postgres(args, rows: list[dict], work: Path) -> None:
     dbs = Databases(args.pg_url)
     try:
-        collector_db, baseline_db = dbs.create(), dbs.create()
-        collector = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
-            COLLECTOR_DATABASE_URL=collector_db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
-            COLLECTOR_ACCESS_LOG_LEVEL="warning"))
-        baseline_dsn = make_url(baseline_db).set(drivername="postgresql").render_as_string(hide_password=False)
-        baseline = ServerProcess(GUNICORN + ["bench.baseline_app:app"], child_env(
-            BASELINE_DSN=baseline_dsn, COLLECTOR_PORT="0"),
-            health_path="/hello")
-        targets = [("collector", collector.url, TOKEN, collector_db), ("baseline", baseline.url, "-", baseline_db)]
-        try:
+        with contextlib.ExitStack() as stack:
+            collector_db, baseline_db, floor_db = dbs.create(), dbs.create(), dbs.create()
+            collector = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+                COLLECTOR_DATABASE_URL=collector_db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+                COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+            stack.callback(collector.stop)
+            baseline = ServerProcess(GUNICORN + ["bench.baseline_app:app"], child_env(
+                BASELINE_DSN=_dsn(baseline_db), COLLECTOR_PORT="0"), health_path="/hello")
+            stack.callback(baseline.stop)
+            floor = ServerProcess(GUNICORN + ["bench.floor_app:app"], child_env(
+                BASELINE_DSN=_dsn(floor_db), COLLECTOR_PORT="0"), health_path="/hello")
+            stack.callback(floor.stop)
+            builtin = start_builtin(stack, work / "builtin-pg.db")
+            # The collector first: run_blobs measures it alone as targets[0].
+            postgres = [pg_target("collector", collector.url, TOKEN, collector_db),
+                        pg_target("baseline", baseline.url, "-", baseline_db),
+                        pg_target("floor", floor.url, "-", floor_db)]
+            targets = postgres + [builtin]
             hello = [wrk(baseline.url + "/hello", "paths", token="-", close=True, duration=args.duration,
                          connections=16, paths=_single(work, "/hello")) for _ in range(args.rounds)]
-            rows.append(row("postgres", "hello (HTTP ceiling, fresh connections)", "-", None, median_result(hello)))
-
-            def empty_tables() -> None:
-                for target in targets:
-                    truncate(target[3])
-
-            for name, mode, close in selected(args, WRITE_SCENARIOS):
-                compare(args, rows, name, "-", targets,
-                        lambda url, token, mode=mode, close=close: wrk(url, mode, token=token, close=close,
-                                                                       duration=args.duration, connections=16),
-                        before=empty_tables)
-            for n in args.sizes if selected(args, READ_SCENARIOS) else []:
-                last = 0
-                for _, _, _, url in targets:
-                    last = seed.seed_postgres(url, n)
-                settle(args.pg_url)
-                paths = read_paths(work, n, last)
-                for name in selected(args, READ_SCENARIOS):
-                    compare(args, rows, name, n, targets,
-                            lambda url, token, p=paths[name]: wrk(url, "paths", token=token, close=False,
-                                                                   duration=args.duration, connections=16, paths=p))
-            run_blobs(args, rows, targets, collector)
-        finally:
-            collector.stop()
-            baseline.stop()
+            rows.append(row("postgres", "hello (HTTP ceiling, fresh connections)", "-",
+                            {"baseline": median_result(hello)}))
+            measure_api(args, rows, "postgres", targets, work, settle=lambda: settle(args.pg_url))
+            run_blobs(args, rows, postgres, collector)
     finally:
         dbs.drop_all()
 
 
-def run_blobs(args, rows: list[dict], targets: list, collector: ServerProcess) -> None:
-    """logs_ingest (collector vs baseline), then logs_tail and capture_rss on the collector alone."""
+def _dsn(url: str) -> str:
+    """The libpq form of a SQLAlchemy PostgreSQL URL (for raw psycopg)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def measure_api(args, rows: list[dict], backend: str, targets: list[Target], work: Path,
+                settle: Callable[[], None] | None = None) -> None:
+    """The write scenarios on empty tables, then the reads over n seeded jobs for each size, every target
+    in alternating rounds."""
+    def empty_tables() -> None:
+        for target in targets:
+            target.empty()
+
+    def writes(mode: str, close: bool) -> Callable[[Target], Result]:
+        return lambda t: wrk(t.url, mode, token=t.token, close=close, duration=args.duration, connections=16)
+
+    def reads(paths: Path) -> Callable[[Target], Result]:
+        return lambda t: wrk(t.url, "paths", token=t.token, close=False, duration=args.duration, connections=16,
+                             paths=paths)
+
+    for name, mode, close in selected(args, WRITE_SCENARIOS):
+        compare(args, rows, backend, name, "-", targets, writes(mode, close), before=empty_tables)
+    for n in args.sizes if selected(args, READ_SCENARIOS) else []:
+        last = 0
+        for target in targets:
+            last = target.seed(n)
+        if settle:
+            settle()
+        paths = read_paths(work, n, last)
+        for name in selected(args, READ_SCENARIOS):
+            compare(args, rows, backend, name, n, targets, reads(paths[name]))
+
+
+def run_blobs(args, rows: list[dict], targets: list[Target], collector: ServerProcess) -> None:
+    """logs_ingest (collector vs baseline and floor), then logs_tail and capture_rss on the collector alone."""
     names = selected(args, BLOB_SCENARIOS)
     mib = args.blob_mib
     if "logs_ingest" in names:
         def fresh():
             for target in targets:
-                truncate(target[3])
-            settle(args.pg_url)  # a checkpoint of the last round's WAL belongs to neither side
+                target.empty()
+            settle(args.pg_url)  # a checkpoint of the last round's WAL belongs to no side
 
         problems: list[str] = []
-        databases = {url: db for _label, url, _token, db in targets}
 
-        def ingest(url, token):
-            result = wrk(url, "logs", token=token, close=False, duration=args.duration, connections=LOG_CONNECTIONS,
-                         threads=LOG_CONNECTIONS, extra=(str(LOG_CHUNK),))
-            problems.extend(check_logs(databases[url], result))
+        def ingest(target: Target) -> Result:
+            result = wrk(target.url, "logs", token=target.token, close=False, duration=args.duration,
+                         connections=LOG_CONNECTIONS, threads=LOG_CONNECTIONS, extra=(str(LOG_CHUNK),))
+            problems.extend(f"{target.label}: {problem}" for problem in check_logs(target.db, result))
             if result.resent:
-                problems.append(f"{result.resent} answers from {url} stored nothing (a resend the bench never meant)")
+                problems.append(f"{result.resent} answers from {target.label} stored nothing (a resend the bench "
+                                "never meant)")
             return result
 
-        compare(args, rows, "logs_ingest", "-", targets, ingest, before=fresh)
+        compare(args, rows, "postgres", "logs_ingest", "-", targets, ingest, before=fresh)
         c, b = rows[-1]["collector"], rows[-1]["baseline"]
         rows.append(blob_row("logs_ingest", "-", f"MB/s, {LOG_CHUNK // 1024} KiB chunks, {LOG_CONNECTIONS} "
                              "keep-alive connections (vs baseline)", c["requests_per_s"] * LOG_CHUNK / 1e6,
                              b["requests_per_s"] * LOG_CHUNK / 1e6, ">= 0.7",
                              error="; ".join(problems[:3]) if problems else None))
-    collector_db = targets[0][3]
+    collector_db = targets[0].db
     if "logs_tail" in names:
         truncate(collector_db)
         settle(args.pg_url)
@@ -477,24 +533,17 @@ def blob_row(scenario: str, file_mib, measure: str, value: float | None, vs: flo
 
 
 def run_sqlite(args, rows: list[dict], work: Path) -> None:
+    """`collector serve` on a SQLite file against the built-in stand-in on its own, in alternating rounds."""
+    if not selected(args, WRITE_SCENARIOS + READ_SCENARIOS):
+        return
     url = "sqlite:///" + str(work / "bench.db")
-    server = ServerProcess(collector_command("serve", "--port", "0", "--db", url), child_env(
-        SRTCTL_STATUS_TOKEN=TOKEN))
-    try:
-        for name, mode, close in selected(args, WRITE_SCENARIOS):
-            truncate(url)
-            results = [wrk(server.url, mode, token=TOKEN, close=close, duration=args.duration, connections=16)
-                       for _ in range(args.rounds)]
-            rows.append(row("sqlite", name, "-", median_result(results), None))
-        for n in args.sizes if selected(args, READ_SCENARIOS) else []:
-            last = seed.seed_sqlite(url, n)
-            paths = read_paths(work, n, last)
-            for name in selected(args, READ_SCENARIOS):
-                results = [wrk(server.url, "paths", token=TOKEN, close=False, duration=args.duration,
-                               connections=16, paths=paths[name]) for _ in range(args.rounds)]
-                rows.append(row("sqlite", name, n, median_result(results), None))
-    finally:
-        server.stop()
+    with contextlib.ExitStack() as stack:
+        server = ServerProcess(collector_command("serve", "--port", "0", "--db", url), child_env(
+            SRTCTL_STATUS_TOKEN=TOKEN))
+        stack.callback(server.stop)
+        collector = Target("collector", server.url, TOKEN, url, empty=lambda: truncate(url),
+                           seed=lambda n: seed.seed_sqlite(url, n))
+        measure_api(args, rows, "sqlite", [collector, start_builtin(stack, work / "builtin-sqlite.db")], work)
 
 
 def _single(work: Path, path: str) -> Path:
@@ -511,27 +560,33 @@ def settle(server_url: str) -> None:
     engine.dispose()
 
 
-def compare(args, rows, name, n, targets, measure, before=None) -> None:
-    """Alternate collector and baseline rounds so machine drift cancels; record medians."""
-    results: dict[str, list[Result]] = {"collector": [], "baseline": []}
+def compare(args, rows: list[dict], backend: str, name: str, n, targets: list[Target],
+            measure: Callable[[Target], Result], before: Callable[[], None] | None = None) -> None:
+    """Alternate the targets' rounds (collector, baseline, floor, builtin, collector, ...) so machine drift
+    cancels; record medians."""
+    results: dict[str, list[Result]] = {target.label: [] for target in targets}
     if not args.quick:
-        # Warm caches, pools and plans on both sides before anything is recorded.
-        for _label, url, token, _db in targets:
+        # Warm caches, pools and plans on every side before anything is recorded.
+        for target in targets:
             if before:
                 before()
-            measure(url, token)
+            measure(target)
     for _ in range(args.rounds):
-        for label, url, token, _db in targets:
+        for target in targets:
             if before:
                 before()
-            results[label].append(measure(url, token))
-    rows.append(row("postgres", name, n, median_result(results["collector"]), median_result(results["baseline"])))
+            results[target.label].append(measure(target))
+    rows.append(row(backend, name, n, {label: median_result(r) for label, r in results.items()}))
 
 
-def row(backend: str, scenario: str, n, collector: Result | None, baseline: Result | None) -> dict:
+# The servers a row can hold, in table order: ours, the baseline (our locks and counts in raw psycopg),
+# the floor (one statement per write, nothing else) and the built-in collector's stand-in.
+SIDES = ("collector", "baseline", "floor", "builtin")
+
+
+def row(backend: str, scenario: str, n, results: dict[str, Result]) -> dict:
     return {"backend": backend, "scenario": scenario, "jobs": n,
-            "collector": dataclasses.asdict(collector) if collector else None,
-            "baseline": dataclasses.asdict(baseline) if baseline else None}
+            **{side: dataclasses.asdict(results[side]) if side in results else None for side in SIDES}}
 
 
 def table(rows: list[dict]) -> str:
@@ -540,17 +595,26 @@ def table(rows: list[dict]) -> str:
     page = [r for r in rows if r.get("table") == "ui"]
     slow = [r for r in rows if r.get("table") == "slowclients"]
     rows = [r for r in rows if r.get("table") not in MEASURE_TABLES]
-    lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx | baseline req/s | p99 ms "
-             "| ratio req/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx (all) | baseline req/s "
+             "| p99 ms | floor req/s | p99 ms | builtin req/s | p99 ms | collector/baseline | collector/floor "
+             "| builtin/floor | collector/builtin | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        c, b = r["collector"], r["baseline"]
-        ratio = f"{c['requests_per_s'] / b['requests_per_s']:.2f}" if c and b else "-"
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["backend"], r["scenario"], r["jobs"],
-            f"{c['requests_per_s']:.0f}" if c else "-", f"{c['p50_ms']:.1f}" if c else "-",
-            f"{c['p99_ms']:.1f}" if c else "-", (c["non2xx"] + c["socket_errors"]) if c else "-",
-            f"{b['requests_per_s']:.0f}" if b else "-", f"{b['p99_ms']:.1f}" if b else "-", ratio))
+        c = r["collector"]
+        errors = sum(r[side]["non2xx"] + r[side]["socket_errors"] for side in SIDES if r[side])
+        cells = [r["backend"], r["scenario"], r["jobs"], _rate(c), f"{c['p50_ms']:.1f}" if c else "-", _p99(c),
+                 errors]
+        for side in ("baseline", "floor", "builtin"):
+            cells += [_rate(r[side]), _p99(r[side])]
+        cells += [_ratio_cell(r, a, b) for a, b in RATIOS]
+        cells.append("; ".join(f">= {low} {b}: {_verdict(r, a, b, low)}" for a, b, low in row_targets(r)) or "-")
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    verdicts = [(r, a, b, low) for r in rows for a, b, low in row_targets(r)]
+    missed = [f"{r['backend']} {r['scenario']}{'' if r['jobs'] == '-' else ' @' + str(r['jobs'])} {a}/{b} "
+              f"{_ratio_cell(r, a, b)} < {low}" for r, a, b, low in verdicts if _verdict(r, a, b, low) != "pass"]
+    if verdicts:
+        lines += ["", f"Targets met: {len(verdicts) - len(missed)} of {len(verdicts)}"
+                  + (f"; not met: {', '.join(missed)}" if missed else "")]
     growth = growth_lines(rows)
     if not rows:
         lines = []
@@ -558,6 +622,55 @@ def table(rows: list[dict]) -> str:
                      + ([""] + streams_table(stream) if stream else [])
                      + ([""] + ui_table(page) if page else [])
                      + ([""] + slow_table(slow) if slow else [])).strip("\n")
+
+
+# The ratios of req/s in the table: (numerator, denominator).
+RATIOS = [("collector", "baseline"), ("collector", "floor"), ("builtin", "floor"), ("collector", "builtin")]
+
+
+def row_targets(r: dict) -> list[tuple[str, str, float]]:
+    """The row's targets as (numerator, denominator, least ratio of req/s): put_lifecycle's against the baseline
+    and issue 17's against the floor and the built-in stand-in."""
+    backend, scenario = r["backend"], r["scenario"]
+    checks = []
+    if backend == "postgres":
+        if scenario in ("put_lifecycle", "logs_ingest"):
+            checks.append(("collector", "baseline", 0.7))
+        if scenario in ("put_lifecycle", "post_create"):  # fresh connections
+            checks.append(("collector", "floor", 0.6))
+        elif scenario in ("put_lifecycle_keepalive", *READ_SCENARIOS):
+            checks.append(("collector", "floor", 0.5))
+        if scenario in BUILTIN_SCENARIOS:
+            checks.append(("collector", "builtin", 1.5))
+    elif backend == "sqlite" and scenario in BUILTIN_SCENARIOS:
+        checks.append(("collector", "builtin", 1.0))
+    return checks
+
+
+def _ratio(r: dict, a: str, b: str) -> float | None:
+    return r[a]["requests_per_s"] / r[b]["requests_per_s"] if r[a] and r[b] and r[b]["requests_per_s"] else None
+
+
+def _ratio_cell(r: dict, a: str, b: str) -> str:
+    ratio = _ratio(r, a, b)
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
+def _verdict(r: dict, a: str, b: str, low: float) -> str:
+    """pass, FAIL, or n/a when a side did not run; a side with non-2xx answers fails (its rate means nothing)."""
+    ratio = _ratio(r, a, b)
+    if ratio is None:
+        return "n/a"
+    clean = all(r[side]["non2xx"] + r[side]["socket_errors"] == 0 for side in (a, b))
+    return "pass" if clean and ratio >= low else "FAIL"
+
+
+def _rate(result: dict | None) -> str:
+    return f"{result['requests_per_s']:.0f}" if result else "-"
+
+
+def _p99(result: dict | None) -> str:
+    return f"{result['p99_ms']:.1f}" if result else "-"
 
 
 # Tables of (measure, value, vs, ratio, target) rows, which fail on an error rather than on a non-2xx count.
@@ -653,10 +766,12 @@ def main(argv: list[str] | None = None) -> int:
           f"duration={args.duration}s, 16 connections ({LOG_CONNECTIONS} for logs_ingest)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    failures = [r for r in rows if r.get("table") not in MEASURE_TABLES for side in ("collector", "baseline")
+    failures = [f"{r['backend']} {r['scenario']} ({side})" for r in rows if r.get("table") not in MEASURE_TABLES
+                for side in SIDES
                 if r[side] and (r[side]["non2xx"] or r[side]["socket_errors"] or r[side]["resent"])]
     if args.quick and failures:
-        print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends", file=sys.stderr)
+        print(f"\n{len(failures)} scenario(s) had non-2xx answers, socket errors or resends: {', '.join(failures)}",
+              file=sys.stderr)
         return 1
     # A blob scenario fails on a non-2xx or on reading back other bytes than it wrote, the streams
     # scenario on a non-2xx, a stream that did not open or ended, or a missing event, the ui scenario

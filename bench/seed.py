@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
 import json
 import random
 import sqlite3
 
 import psycopg
 from sqlalchemy import make_url
+
+from bench import builtin_app
+from collector.contract import format_timestamp
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
 LIFECYCLE = [
@@ -112,4 +117,33 @@ def seed_sqlite(url: str, n: int) -> int:
         conn.execute(RECOUNT)
     conn.execute("ANALYZE")
     conn.close()
+    return last
+
+
+def seed_builtin(path: str, n: int) -> int:
+    """The same seed in the built-in stand-in's own schema (bench/builtin_app.py): jobs keyed by job_id."""
+    builtin_app.create_schema(path)
+    # Seeded times repeat across jobs (event k of job i is at minute i + k): format each once.
+    stamp = functools.cache(format_timestamp)
+    jobs, events = [], []
+    last = 0
+    for job, event_rows in rows(n):
+        (_pk, cluster, job_id, job_name, _placeholder, status, stage, message, recipe, submitted, started, completed,
+         updated, exit_code, metadata, _received) = job
+        jobs.append((job_id, job_name, cluster, recipe, status, stage, message, stamp(submitted), stamp(started),
+                     stamp(completed), stamp(updated), exit_code, None, None, None, metadata))
+        for event_id, _job_pk, s, st, msg, at in event_rows:
+            events.append((event_id, job_id, s, st, msg, stamp(at)))
+            last = event_id
+    with contextlib.closing(builtin_app.connect(path, timeout=30.0)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DELETE FROM job_events")
+        conn.execute("DELETE FROM jobs")
+        conn.executemany(f"INSERT INTO jobs ({builtin_app.JOB_COLUMNS}) VALUES ({', '.join('?' * 16)})", jobs)
+        conn.executemany("INSERT INTO job_events (id, job_id, status, stage, message, created_at)"
+                         " VALUES (?, ?, ?, ?, ?, ?)", events)
+        conn.execute("COMMIT")
+        conn.execute("ANALYZE")
+        # Fold the seed's WAL into the file now, not in the middle of a measurement.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return last
