@@ -63,7 +63,6 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
     from collector.app import create_app
     from collector.app import prepare_to_serve
     from collector.credentials import check_file
-    from collector.credentials import env_credentials
     from collector.db import get_db_of
 
     try:
@@ -93,7 +92,7 @@ def serve(host: str | None, port: int | None, db: str | None, token_env: str | N
         app = create_app(settings)
         prepare_to_serve(app)
         get_db_of(app).dispose()
-        credentials = check_file(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+        credentials = check_file(settings)
         auth = _auth_summary(settings, credentials)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from pydantic import model_validator
 
 from collector.contract import MAX_ID_LENGTH
+from collector.settings import Settings
 from collector.settings import SettingsError
 
 log = logging.getLogger("collector.credentials")
@@ -239,15 +240,20 @@ def env_credentials(write_token: str | None, read_token: str | None) -> dict[str
     return found
 
 
-def check_file(path: Path | None, env: dict[str, Credential]) -> int:
+def keyring_for(settings: Settings) -> Keyring:
+    """The credentials ``settings`` configure: the tokens file's (not read yet) and the spec's tokens."""
+    return Keyring(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+
+
+def check_file(settings: Settings) -> int:
     """Refuse to start on a tokens file no process could use; how many credentials it holds.
 
     Run once when a server starts (``collector serve``, the gunicorn master): a worker that
     meets a broken file later keeps serving (``Keyring.refresh``) instead of dying over it.
     """
-    if path is None:
+    if settings.tokens_file is None:
         return 0
-    keyring = Keyring(path, env)
+    keyring = keyring_for(settings)
     keyring.load()
     return keyring.file_credentials
 
@@ -373,7 +379,10 @@ def editing(path: Path) -> Iterator[TokensFile]:
         else:
             tokens, mode = TokensFile(), 0o600
         yield tokens
-        TokensFile.model_validate(tokens.model_dump())  # the edit keeps the file valid
+        try:
+            TokensFile.model_validate(tokens.model_dump())  # the edit keeps the file valid
+        except ValidationError as exc:
+            raise CredentialsError(f"the edit would leave {path} invalid: {_problem(exc, 'the file')}") from None
         body = tokens.model_dump_json(indent=2) + "\n"
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:

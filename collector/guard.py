@@ -15,7 +15,7 @@ from flask import request
 from collector import metrics
 from collector.credentials import Credential
 from collector.credentials import Keyring
-from collector.credentials import env_credentials
+from collector.credentials import keyring_for
 from collector.errors import error_response
 from collector.log_format import redact_query
 from collector.settings import Settings
@@ -179,7 +179,7 @@ class Guard:
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Install the guard as the first before-request hook and the last after-request hook."""
-    keyring = Keyring(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+    keyring = keyring_for(settings)
     keyring.on_reload = metrics.tokens_file_reloaded
     app.extensions["collector.keyring"] = keyring
     guard = Guard(settings, keyring)

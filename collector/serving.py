@@ -175,10 +175,9 @@ def _starting(settings: Settings) -> Callable[[GunicornArbiter | None], None]:
         # In the master, once (a reload does not run it): a tokens file no worker could use
         # stops the start, with gunicorn's "Error: ..." line; later, workers keep serving.
         from collector.credentials import check_file
-        from collector.credentials import env_credentials
 
         try:
-            check_file(settings.tokens_file, env_credentials(settings.write_token, settings.read_token))
+            check_file(settings)
         except ValueError as exc:
             raise RuntimeError(str(exc)) from None
         on_starting(server)

@@ -23,6 +23,7 @@ import requests
 from werkzeug.serving import make_server
 
 from collector import credentials
+from collector import guard
 from collector.app import create_app
 from collector.openapi import document
 from collector.settings import Settings
@@ -88,20 +89,8 @@ def _now() -> str:
 OCTET = "application/octet-stream"
 PAGE = Recipe(200)
 RECIPES: dict[tuple[str, str], Recipe] = {
-    # The page and its files, open.
-    ("/", "GET"): PAGE,
-    ("/index.html", "GET"): PAGE,
-    ("/app.css", "GET"): PAGE,
-    ("/util.js", "GET"): PAGE,
-    ("/client.js", "GET"): PAGE,
-    ("/live.js", "GET"): PAGE,
-    ("/blobs.js", "GET"): PAGE,
-    ("/state.js", "GET"): PAGE,
-    ("/table.js", "GET"): PAGE,
-    ("/clusters.js", "GET"): PAGE,
-    ("/detail.js", "GET"): PAGE,
-    ("/feed.js", "GET"): PAGE,
-    ("/app.js", "GET"): PAGE,
+    # The page and its files, open (the guard's list of them: tests/test_ui.py checks it is the page's).
+    **{(path, "GET"): PAGE for path in sorted(guard.PAGE_PATHS)},
     # Probes, the description, the metrics.
     ("/api/health", "GET"): Recipe(200),
     ("/api/ready", "GET"): Recipe(200),

@@ -198,3 +198,13 @@ def test_uses_are_taken_once(tokens_path):
     ring.lookup("unknown")
     assert list(ring.take_uses()) == ["a"]
     assert ring.take_uses() == {}
+
+
+def test_an_edit_that_would_break_the_file_writes_nothing(tokens_path):
+    credentials.add(tokens_path, "a", "read")
+    before = tokens_path.read_bytes()
+    expected = f"the edit would leave {tokens_path} invalid: the file: two credentials share the name 'a'"
+    with pytest.raises(CredentialsError) as refused, credentials.editing(tokens_path) as tokens:
+        tokens.tokens.append(tokens.tokens[0])
+    assert str(refused.value) == expected
+    assert tokens_path.read_bytes() == before

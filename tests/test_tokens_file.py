@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import uuid
 from pathlib import Path
@@ -23,7 +24,11 @@ from click.testing import CliRunner
 from click.testing import Result
 
 from collector import credentials
+from collector import fanout
 from collector.cli import main
+from collector.db import Database
+from collector.janitor import Janitor
+from collector.settings import Settings
 from tests.helpers import LiveServer
 from tests.helpers import report
 from tests.helpers import send
@@ -376,3 +381,54 @@ def test_a_credential_added_while_serving_works_at_its_first_use(filed, tokens_p
     secret = added.stdout.splitlines()[-1]
     created = filed.post("/api/jobs", json=submit_body("l-1"), token=secret)
     assert created.status_code == 201 and created.json()["cluster"] == "gb200"
+
+
+# --- what a process does when the file or the database fails it ------------------------------
+
+
+def reloads(server: LiveServer, token: str) -> dict[str, float]:
+    """``collector_tokens_file_reloads_total`` by result, as the server's /metrics says now."""
+    text = server.get("/metrics", token=token).text
+    found = re.findall(r'^collector_tokens_file_reloads_total\{result="(\w+)"\} ([\d.]+)$', text, re.MULTILINE)
+    return {"ok": 0.0, "failed": 0.0, **{result: float(value) for result, value in found}}
+
+
+def replace(path: Path, text: str) -> None:
+    """Write ``path`` anew by rename, as `collector token` does (a new inode: the change is seen at once)."""
+    temp = path.with_name(path.name + ".new")
+    temp.write_text(text)
+    temp.chmod(0o600)
+    os.replace(temp, path)
+
+
+def test_a_broken_and_a_fixed_file_are_counted_in_metrics(filed, tokens_path, keys):
+    ops = keys["ops"]
+    before = reloads(filed, ops)
+    good = json.loads(tokens_path.read_text())
+    replace(tokens_path, '{"version": 1, "tokens": [')
+    # An unknown token makes the process look at the file at once: broken, so it keeps what it knew.
+    assert filed.get("/api/jobs", token="not-a-credential").status_code == 401
+    assert filed.get("/api/jobs", token=ops).status_code == 200
+    broken = reloads(filed, ops)
+    assert broken == {"ok": before["ok"], "failed": before["failed"] + 1}
+    added = credentials.new_secret()
+    good["tokens"].append({"name": "added", "role": "read", "clusters": [], "sha256": credentials.digest(added),
+                           "created_at": "2026-12-04T12:00:00Z"})
+    replace(tokens_path, json.dumps(good))
+    assert filed.get("/api/jobs", token=added).status_code == 200
+    assert reloads(filed, ops) == {"ok": before["ok"] + 1, "failed": before["failed"] + 1}
+
+
+def test_uses_the_database_cannot_take_are_dropped_with_a_warning(tmp_path, tokens_path, keys, caplog):
+    # Not migrated: the credential_uses table is missing, as on a database the janitor cannot write.
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'empty.db'}", tokens_file=tokens_path)
+    database = Database(settings)
+    ring = credentials.keyring_for(settings)
+    janitor = Janitor(database, settings, fanout.Hub(database, settings), keyring=ring)
+    assert ring.lookup(keys["reader"]) == credentials.Credential("reader", "read")
+    with caplog.at_level(logging.WARNING, logger="collector.stale"):
+        janitor.write_uses()  # must not raise: the janitor thread runs on
+    assert [r.getMessage() for r in caplog.records if r.name == "collector.stale"] == [
+        "cannot write down credential uses"]
+    assert ring.take_uses() == {}  # taken, and lost: a "last used" is not worth retrying
+    database.engine.dispose()
