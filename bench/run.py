@@ -200,6 +200,14 @@ WRITE_SCENARIOS = [
 ]
 # What the built-in collector's stand-in answers (bench/builtin_app.py): it stores no logs.
 BUILTIN_SCENARIOS = [name for name, _mode, _close in WRITE_SCENARIOS] + READ_SCENARIOS
+# Issue 17's measure of srtctl's own built-in collector, as its req/s over the floor's in
+# the same run. "Ahead of the built-in collector" is judged on these, as the issue says:
+# the collector on PostgreSQL must reach 1.5 times each fraction of the floor, `collector
+# serve` on SQLite 1.0 times (against the PostgreSQL floor of the same run). The stand-in
+# is measured beside them for reference; it answers faster than the issue measured the
+# real one (no per-request log line, no per-request thread start).
+BUILTIN_OVER_FLOOR = {"put_lifecycle": 0.39, "post_create": 0.41, "put_lifecycle_keepalive": 0.26,
+                      "read_list": 0.17, "read_feed": 0.16, "read_detail": 0.20}
 # Streamed logs and capture segments (PostgreSQL only): bench/blobs.py and the logs mode of bench.lua.
 BLOB_SCENARIOS = ["logs_ingest", "logs_tail", "capture_rss"]
 LOG_CHUNK = 256 * 1024
@@ -595,6 +603,12 @@ def table(rows: list[dict]) -> str:
     page = [r for r in rows if r.get("table") == "ui"]
     slow = [r for r in rows if r.get("table") == "slowclients"]
     rows = [r for r in rows if r.get("table") not in MEASURE_TABLES]
+    # SQLite rows are judged against the PostgreSQL floor of the same run (BUILTIN_OVER_FLOOR):
+    # their floor cells are that floor's.
+    pg_floor = {(r["scenario"], r["jobs"]): r["floor"] for r in rows if r["backend"] == "postgres" and r["floor"]}
+    for r in rows:
+        if r["backend"] == "sqlite" and not r["floor"]:
+            r["floor"] = pg_floor.get((r["scenario"], r["jobs"]))
     lines = ["| backend | scenario | jobs | collector req/s | p50 ms | p99 ms | non-2xx (all) | baseline req/s "
              "| p99 ms | floor req/s | p99 ms | builtin req/s | p99 ms | collector/baseline | collector/floor "
              "| builtin/floor | collector/builtin | target |",
@@ -630,20 +644,19 @@ RATIOS = [("collector", "baseline"), ("collector", "floor"), ("builtin", "floor"
 
 def row_targets(r: dict) -> list[tuple[str, str, float]]:
     """The row's targets as (numerator, denominator, least ratio of req/s): put_lifecycle's against the baseline
-    and issue 17's against the floor and the built-in stand-in."""
+    and issue 17's against the floor, the built-in collector's included (BUILTIN_OVER_FLOOR)."""
     backend, scenario = r["backend"], r["scenario"]
     checks = []
+    builtin = BUILTIN_OVER_FLOOR.get(scenario)
     if backend == "postgres":
         if scenario in ("put_lifecycle", "logs_ingest"):
             checks.append(("collector", "baseline", 0.7))
-        if scenario in ("put_lifecycle", "post_create"):  # fresh connections
-            checks.append(("collector", "floor", 0.6))
-        elif scenario in ("put_lifecycle_keepalive", *READ_SCENARIOS):
-            checks.append(("collector", "floor", 0.5))
-        if scenario in BUILTIN_SCENARIOS:
-            checks.append(("collector", "builtin", 1.5))
-    elif backend == "sqlite" and scenario in BUILTIN_SCENARIOS:
-        checks.append(("collector", "builtin", 1.0))
+        least = {"put_lifecycle": 0.6, "post_create": 0.6, "logs_ingest": 0.9}.get(scenario, 0.5)
+        if builtin is not None or scenario == "logs_ingest":
+            # One check against the floor: the stricter of the floor target and 1.5 x the built-in's.
+            checks.append(("collector", "floor", round(max(least, 1.5 * (builtin or 0)), 3)))
+    elif backend == "sqlite" and builtin is not None:
+        checks.append(("collector", "floor", builtin))
     return checks
 
 

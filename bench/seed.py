@@ -10,10 +10,12 @@ import random
 import sqlite3
 
 import psycopg
+from sqlalchemy import create_engine
 from sqlalchemy import make_url
 
 from bench import builtin_app
 from collector.contract import format_timestamp
+from collector.migrations import settle_event_ids
 
 CLUSTERS = ("c0", "c1", "c2", "c3")
 LIFECYCLE = [
@@ -69,7 +71,7 @@ def seed_postgres(url: str, n: int) -> int:
     """Replace every job with n seeded ones; returns the highest event id."""
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn) as conn:
-        conn.execute("TRUNCATE job_events, jobs, job_counts RESTART IDENTITY CASCADE")
+        conn.execute("TRUNCATE job_events, jobs, job_counts, job_count_stripes RESTART IDENTITY CASCADE")
         last = 0
         with conn.cursor() as cur:
             with cur.copy(f"COPY jobs ({JOB_COLUMNS}) FROM STDIN") as jobs_copy:
@@ -83,7 +85,12 @@ def seed_postgres(url: str, n: int) -> int:
                     last = event[0]
         conn.execute(RECOUNT)
         conn.execute("SELECT setval('jobs_id_seq', %s)", (n,))
-        conn.execute("SELECT setval('job_events_id_seq', %s)", (max(last, 1),))
+    # Seeded ids are explicit: new ones must start above them (store/event_ids.py).
+    engine = create_engine(url)
+    try:
+        settle_event_ids(engine)
+    finally:
+        engine.dispose()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE jobs")
         conn.execute("VACUUM ANALYZE job_events")

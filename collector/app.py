@@ -24,6 +24,7 @@ from collector.api import streams
 from collector.api import system
 from collector.cli import db_group
 from collector.migrations import schema_problem
+from collector.migrations import settle_event_ids
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.settings import SettingsError
@@ -75,3 +76,5 @@ def prepare_to_serve(app: Flask) -> None:
     problem = schema_problem(engine)
     if problem:
         raise SettingsError(problem)
+    # A restore into a new cluster is served without an upgrade too: ids must stay in order.
+    settle_event_ids(engine)

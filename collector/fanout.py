@@ -4,9 +4,16 @@ One ``Hub`` per app, i.e. per process. Its thread is the only reader of the live
 it wakes on a PostgreSQL NOTIFY (one LISTEN connection per process, never one per
 client) or, on SQLite, polls; it reads every event after its cursor through the pool,
 formats each once, and wakes the streams, which hold no database connection. A
-notification only says "read now" (its payload, the event id, lets a burst be read
-once): the cursor is the truth, so a lost notification or a dropped listener costs
-latency, never an event.
+notification only says "read now" (its payload, the newest event id the sender
+committed, lets a burst be read once): the cursor is the truth, so a lost notification
+or a dropped listener costs latency, never an event.
+
+Writers do not NOTIFY in their own transactions (NOTIFY's cluster-wide lock would
+serialise their commits, store/pg_driver.py). A process's writes poke its hub, which
+reads them and announces them to the other processes in one NOTIFY per batch window.
+A notified event may still be above the feed horizon (an older transaction is still
+running, store/event_ids.py): the hub re-reads every batch window until its cursor
+reaches the id or the horizon passes it.
 
 Streams keep their own cursors and take what they have not sent from an in-memory tail
 of the feed. One that falls behind the tail (or resumes from an old id) reads its gap
@@ -20,7 +27,6 @@ import bisect
 import contextlib
 import dataclasses
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +40,7 @@ from collector import metrics
 from collector.contract import StreamEvent
 from collector.db import Database
 from collector.settings import Settings
+from collector.store import event_ids
 from collector.store import streams as stream_store
 from collector.store.pg_driver import EVENT_CHANNEL
 
@@ -50,7 +57,12 @@ GAP_READERS = 2
 # How long the LISTEN connection may stay silent before it is checked and the feed read
 # anyway; a half-open TCP connection would otherwise hide lost notifications for good.
 LISTEN_CHECK_S = 15.0
-_WAIT_TICK = 0.5
+# While a long transaction holds the feed horizon below an announced event, the hub
+# re-reads every batch window, then after this many reads every HELD_WAIT seconds.
+HELD_READS = 20
+HELD_WAIT = 1.0
+# How often the listening thread also looks for this process's own writes to read and announce.
+_WAIT_TICK = 0.05
 _id = attrgetter("id")
 
 HEARTBEAT = b"event: heartbeat\ndata: {}\n\n"
@@ -112,6 +124,7 @@ class Hub:
         self._ready = False
         self._closed = False
         self._poked = threading.Event()
+        self._committed = 0  # the newest event id this process committed and has not announced
         self._thread: threading.Thread | None = None
         self._failures = 0  # consecutive failures of the reader, for back-off and logging
         self._start_lock = threading.Lock()
@@ -147,9 +160,24 @@ class Hub:
         """Whether the server is shutting down (close() was called)."""
         return self._closed
 
-    def poke(self) -> None:
-        """Read the feed now: this process just committed an event."""
+    def poke(self, event_id: int | None = None) -> None:
+        """Read the feed now: this process just committed an event (``event_id`` when known)."""
+        if event_id is not None:
+            with self._count_lock:
+                self._committed = max(self._committed, event_id)
+        if not self.settings.is_sqlite:
+            # Other processes hear of this write only through this hub's announcement.
+            self._start()
         self._poked.set()
+
+    def _take_committed(self) -> int | None:
+        """The newest id committed here since the last call (0 if none is known); None without a poke."""
+        if not self._poked.is_set():
+            return None
+        self._poked.clear()
+        with self._count_lock:
+            committed, self._committed = self._committed, 0
+        return committed
 
     # -- what streams call -------------------------------------------------------
 
@@ -172,6 +200,8 @@ class Hub:
     def live_edge(self, timeout: float = 10.0) -> int:
         """The newest event id this process has read: where a stream without a cursor starts."""
         self._start()
+        if not self._ready and self.settings.is_sqlite:
+            self._poked.set()  # the poll loop starts reading now, not at its next poll
         with self._changed:
             if not self._changed.wait_for(lambda: self._ready or self._closed, timeout):
                 raise Unavailable("the event feed could not be read; see the server log")
@@ -243,33 +273,66 @@ class Hub:
             if self._failures:
                 log.info("event listener reconnected after %d failed attempt(s)", self._failures)
                 self._failures = 0
+            own = conn.info.backend_pid
             # LISTEN first, then read: whatever committed before it took effect is read
-            # now, whatever commits after it notifies.
+            # now, whatever commits after it is announced.
             self._refresh()
             quiet = 0.0
+            pending = 0  # the newest id some process committed, until the cursor or horizon passes it
+            held = 0  # reads in a row that stopped short of it (a long transaction holds the horizon)
             while not self._closed:
-                notified = conn.notifies(timeout=_WAIT_TICK, stop_after=1)
-                newest = max((_event_id(n.payload) for n in notified), default=0)
-                if newest > self.cursor:
-                    time.sleep(BATCH_WINDOW)
+                heard = [_event_id(n.payload) for n in conn.notifies(timeout=_WAIT_TICK, stop_after=1)
+                         if n.pid != own]
+                committed = self._take_committed()
+                pending = max(pending, committed or 0, *(i for i in heard if i is not None))
+                if heard or committed is not None or pending > self.cursor:
+                    time.sleep(BATCH_WINDOW if held < HELD_READS else HELD_WAIT)
+                    later = self._take_committed()
+                    if committed is not None or later is not None:
+                        # One NOTIFY for every write of the window, after they committed.
+                        newest = max(committed or 0, later or 0)
+                        conn.execute("SELECT pg_notify(%s, %s)", (EVENT_CHANNEL, str(newest)))
+                        pending = max(pending, newest)
                     self._refresh()
+                    if pending > self.cursor and self._settled_past(pending):
+                        pending = 0  # deleted since it was announced: nothing to wait for
+                    held = held + 1 if pending > self.cursor else 0
                     quiet = 0.0
                     continue
+                if not self._ready and self.open_streams:
+                    self._refresh()  # a stream is waiting for the hub to start reading
                 quiet += _WAIT_TICK
                 if quiet >= LISTEN_CHECK_S:
                     conn.execute("SELECT 1")
                     self._refresh()
                     quiet = 0.0
 
+    def _settled_past(self, event_id: int) -> bool:
+        horizon = self.database.run(event_ids.horizon)
+        return horizon is None or horizon > event_id
+
     def _listener(self) -> psycopg.Connection:
         engine = self.database.engine
         args, kwargs = engine.dialect.create_connect_args(engine.url)
         # Keepalives: a listener behind a dead network path must fail, not wait forever.
-        return psycopg.connect(*args, **kwargs, autocommit=True, connect_timeout=5, keepalives=1,
+        conn = psycopg.connect(*args, **kwargs, autocommit=True, connect_timeout=5, keepalives=1,
                                keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
                                application_name="collector-listener")
+        # An announcement is a hint: its commit need not wait for the disk.
+        conn.execute("SET synchronous_commit = off")
+        return conn
 
     def _refresh(self) -> None:
+        if self._ready and not self.open_streams:
+            # Nobody to read for: forget the tail rather than format every event. The next
+            # stream's live_edge waits for a fresh start (the listen loop sees it within
+            # a tick); a stream resuming from an id reads its gap from the database.
+            with self._changed:
+                self._ready = False
+                self._tail.clear()
+            return
+        if not self._ready and not self.open_streams:
+            return
         if not self._ready:
             newest = self.database.run(stream_store.newest_id)
             with self._changed:
@@ -295,9 +358,9 @@ class Hub:
             self._changed.notify_all()
 
 
-def _event_id(payload: str) -> int:
-    # Anything but an id (someone else's NOTIFY on the channel) is a reason to read, not to fail.
-    return int(payload) if payload.isascii() and payload.isdigit() else sys.maxsize
+def _event_id(payload: str) -> int | None:
+    # Anything but an id (someone else's NOTIFY on the channel) is a reason to read once, not to fail.
+    return int(payload) if payload.isascii() and payload.isdigit() else None
 
 
 def _first_line(exc: BaseException) -> str:

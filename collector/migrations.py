@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -10,10 +11,14 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy import Engine
+from sqlalchemy import create_engine
 from sqlalchemy import inspect
 from sqlalchemy import text
 
+from collector.store import event_ids
+
 PACKAGE_DIR = Path(__file__).resolve().parent
+log = logging.getLogger("collector.migrations")
 
 
 def script_location() -> Path:
@@ -56,8 +61,28 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate the database at ``url`` to ``revision``."""
+    """Migrate the database at ``url`` to ``revision``, then put new event ids above stored ones."""
     command.upgrade(alembic_config(url), revision)
+    engine = create_engine(url)
+    try:
+        settle_event_ids(engine)
+    finally:
+        engine.dispose()
+
+
+def settle_event_ids(engine: Engine) -> int | None:
+    """Raise PostgreSQL's event id shift when stored ids are not below new ones (event_ids.settle).
+
+    Returns the new shift, or None when nothing needed raising (always on SQLite).
+    """
+    with engine.begin() as conn:
+        if not inspect(conn).has_table("event_id_shift"):
+            return None
+        shift = event_ids.settle(conn)
+    if shift is not None:
+        log.warning("stored event ids were not below new ones (a restore into a new PostgreSQL cluster?): "
+                    "new event ids now start above them (event_id_shift %d)", shift)
+    return shift
 
 
 def downgrade(url: str, revision: str) -> None:

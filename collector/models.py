@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import JSON
 from sqlalchemy import BigInteger
 from sqlalchemy import Boolean
+from sqlalchemy import CheckConstraint
 from sqlalchemy import DateTime
 from sqlalchemy import Float
 from sqlalchemy import ForeignKey
@@ -15,10 +16,12 @@ from sqlalchemy import Index
 from sqlalchemy import Integer
 from sqlalchemy import LargeBinary
 from sqlalchemy import MetaData
+from sqlalchemy import SmallInteger
 from sqlalchemy import String
 from sqlalchemy import Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy import false
+from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
@@ -119,7 +122,10 @@ class JobEvent(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(EventId, primary_key=True)
+    # On PostgreSQL the id is the writing transaction's id plus a fixed shift
+    # (collector_event_id(), revision 0008): writers commit in parallel and readers stop
+    # at the oldest transaction still running (store/event_ids.py). On SQLite, AUTOINCREMENT.
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, server_default=text("collector_event_id()"))
     job_pk: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(32))
     stage: Mapped[str | None] = mapped_column(String(64))
@@ -143,6 +149,37 @@ class JobCount(Base):
     cluster: Mapped[str] = mapped_column(String(255), primary_key=True)
     status: Mapped[str] = mapped_column(String(32), primary_key=True)
     jobs: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class JobCountStripe(Base):
+    """PostgreSQL writers' share of the counts: job_counts plus these rows is the count.
+
+    A write adds its +1/-1 to one of STRIPES rows per (cluster, status), picked at
+    random, so concurrent writes moving jobs between the same statuses rarely wait on
+    each other's row locks until commit. Readers sum both tables (store/counts.py).
+    """
+
+    __tablename__ = "job_count_stripes"
+
+    cluster: Mapped[str] = mapped_column(String(255), primary_key=True)
+    status: Mapped[str] = mapped_column(String(32), primary_key=True)
+    stripe: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    jobs: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class EventIdShift(Base):
+    """PostgreSQL only: what collector_event_id() adds to a transaction id (one row).
+
+    Raised by ``collector db upgrade`` and at server start whenever a stored event id is
+    not below the feed horizon (a restore into a new cluster, whose transaction ids
+    start low again), so new ids stay above every stored one (store/event_ids.py).
+    """
+
+    __tablename__ = "event_id_shift"
+    __table_args__ = (CheckConstraint("one", name="one_row"),)
+
+    one: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+    shift: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class BlobFile(Base):

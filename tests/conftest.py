@@ -26,6 +26,7 @@ from collector.janitor import get_janitor
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.settings import database_url as normalise_url
+from collector.store import counts
 from tests.helpers import CHROMIUM
 from tests.helpers import CHROMIUM_ARGS
 from tests.helpers import WAIT_MS
@@ -70,21 +71,26 @@ class TestDatabase:
         with self.engine.begin() as conn:
             if self.is_postgres:
                 conn.execute(text("TRUNCATE slurm_jobs, cluster_probes, blob_chunks, blob_files, job_events, jobs, "
-                                  "job_counts, credential_uses "
+                                  "job_counts, job_count_stripes, credential_uses "
                                   "RESTART IDENTITY CASCADE"))
             else:
                 # Children first: this inspection engine does not turn on SQLite's foreign keys.
                 for table in ("slurm_jobs", "cluster_probes", "blob_chunks", "blob_files", "job_events", "jobs",
-                              "job_counts", "credential_uses"):
+                              "job_counts", "job_count_stripes", "credential_uses"):
                     conn.execute(text(f"DELETE FROM {table}"))
 
     def assert_counts_match_jobs(self) -> None:
         """The maintained per-(cluster, status) counts equal a fresh GROUP BY over jobs."""
         with self.engine.connect() as conn:
-            kept = {(c, s): n for c, s, n in conn.execute(text("SELECT cluster, status, jobs FROM job_counts")) if n}
+            kept = {(c, s): n for c, statuses in counts.by_cluster(conn).items() for s, n in statuses.items()}
             real = dict(((c, s), n) for c, s, n in conn.execute(
                 text("SELECT cluster, status, count(*) FROM jobs GROUP BY cluster, status")))
         assert kept == real
+
+    def count_of(self, cluster: str, status: str) -> int:
+        """The maintained count of ``cluster``'s jobs in ``status``."""
+        with self.engine.connect() as conn:
+            return counts.total(conn, cluster=cluster, status=status)
 
     def scalar(self, sql: str, **params):
         with self.engine.connect() as conn:

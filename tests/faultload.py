@@ -32,6 +32,7 @@ from collector.models import BlobChunk
 from collector.models import BlobFile
 from collector.models import Job
 from collector.models import JobEvent
+from collector.store import counts
 
 TIMEOUT = 5.0  # the srtctl reporter's
 LOG_FILE = "logs/worker-0.out"
@@ -437,11 +438,11 @@ def _check_logs(report: Report, job_id: str, chunks: list[Write], stored: dict) 
 
 def _check_counts(report: Report, engine: Engine) -> None:
     with engine.connect() as conn:
-        kept = {(c, s): n for c, s, n in conn.execute(text("SELECT cluster, status, jobs FROM job_counts")) if n}
+        kept = {(c, s): n for c, statuses in counts.by_cluster(conn).items() for s, n in statuses.items()}
         real = {(c, s): n for c, s, n in conn.execute(
             text("SELECT cluster, status, count(*) FROM jobs GROUP BY cluster, status"))}
     if kept != real:
-        report.problems.append(f"job_counts {kept} differ from the jobs table {real}")
+        report.problems.append(f"the counts {kept} differ from the jobs table {real}")
 
 
 def read_feed(url: str, token: str | None = None, page: int = 500) -> list[dict]:

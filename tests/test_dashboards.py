@@ -491,7 +491,8 @@ def test_grant_readonly_reads_the_views_and_nothing_else(seeded, api):
             for panel in panels():  # what Grafana runs, as Grafana's role
                 (target,) = panel["targets"]
                 conn.execute(expand(target["rawSql"], ["alpha", "beta"], panel.get("interval", "5m")))
-            for table in ("jobs", "job_events", "job_counts", "blob_files", "blob_chunks", "cluster_probes",
+            for table in ("jobs", "job_events", "job_counts", "job_count_stripes", "event_id_shift",
+                          "blob_files", "blob_chunks", "cluster_probes",
                           "slurm_jobs", "alembic_version"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(sql.SQL("SELECT 1 FROM public.{}").format(sql.Identifier(table)))

@@ -80,9 +80,13 @@ def listener_pids(database, since) -> set[int]:
 
 
 def replaced(database, since, old: set[int]) -> set[int] | None:
-    """The listener pids once there are as many as ``old`` and none of them is an old one."""
+    """The listener pids once there are at least as many as ``old`` and none of them is an old one.
+
+    At least: a worker's hub also starts with its first write (to announce it), so a
+    worker that only wrote after the kill adds a listener.
+    """
     now = listener_pids(database, since)
-    return now if len(now) == len(old) and now.isdisjoint(old) else None
+    return now if len(now) >= len(old) and now.isdisjoint(old) else None
 
 
 def ids(frames) -> list[int]:
@@ -111,10 +115,10 @@ def test_killed_listeners_lose_and_repeat_nothing(pair, listen, postgres, since)
     assert len(listeners) >= 2  # one per worker that serves a stream, so at least one per instance
     for round_ in range(3):
         killed = postgres.scalar(f"SELECT count(pg_terminate_backend(pid)) {LISTENERS}", since=since)
-        assert killed == len(listeners)
+        assert killed >= len(listeners)  # a hub started by a write since may add one
         for i in range(6):  # written while the listeners are down or reconnecting
             put((a, b)[i % 2], f"job-{i % 3}", f"round {round_} write {i}")
-        # Every hub connects again: as many listeners as before, none of them an old one.
+        # Every hub connects again: at least as many listeners as before, none of them an old one.
         listeners = wait_for(functools.partial(replaced, postgres, since, listeners), what="new listener connections")
     put(b, "warm", "done")
     expected = feed_ids(a)

@@ -9,6 +9,7 @@ from flask import Blueprint
 from flask import Response
 from sqlalchemy import Connection
 
+from collector import fanout
 from collector import metrics
 from collector.api import checked_job_id
 from collector.api import parse_query
@@ -50,6 +51,8 @@ def upload_capture(job_id: str) -> Response:
 
     job_pk, created, progress = transaction(store, write=True)
     metrics.stored_upload("captures", progress.new_bytes, created)
+    if created:
+        fanout.get_hub().poke()  # the placeholder's event
     if progress.completed_now:
         capture_store.seal(get_db().run, job_pk, query.file)
     return respond(CaptureUploadResponse(job_id=job_id, next_offset=progress.next_offset, complete=progress.complete))

@@ -42,8 +42,8 @@ log = logging.getLogger("collector.jobs")
 
 def _written(result: WriteResult, status: int) -> Response:
     if result.event is not None:
-        # PostgreSQL tells every process (NOTIFY); SQLite's only wake-up besides polling.
-        fanout.get_hub().poke()
+        # This process's streams read it now; on PostgreSQL the hub announces it to the others.
+        fanout.get_hub().poke(result.event.id)
         metrics.event_appended()
         event = result.event
         log.info(

@@ -9,6 +9,7 @@ from flask import Response
 from flask import request
 from sqlalchemy import Connection
 
+from collector import fanout
 from collector import metrics
 from collector.api import checked_job_id
 from collector.api import parse_body
@@ -61,6 +62,8 @@ def upload_logs(job_id: str) -> Response:
     created, appended = transaction(store, write=True)
     # Counted after the commit: a rolled-back upload (a 409) stored nothing.
     metrics.stored_upload("logs", sum(a.new_bytes for a in appended), created)
+    if created:
+        fanout.get_hub().poke()  # the placeholder's event
     return respond(LogUploadResponse(job_id=job_id, stored=int(any(a.changed for a in appended))))
 
 

@@ -9,12 +9,11 @@ from sqlalchemy import func
 from sqlalchemy import select
 
 from collector.models import Job
-from collector.models import JobCount
 from collector.store.core import table
+from collector.store.counts import ALL_COUNTS
 from collector.store.identity import NO_CLUSTER
 
 JOBS = table(Job)
-COUNTS = table(JobCount)
 # Jobs per cluster looked at: its newest by submission, read backwards along
 # ix_jobs_cluster_submitted_at_id. No index orders a cluster's jobs by updated_at, and a
 # GROUP BY over every job would grow with the table; a job reports while it runs,
@@ -24,10 +23,12 @@ RECENT_JOBS = 100
 
 def last_reports(conn: Connection) -> list[tuple[str, dt.datetime]]:
     """Each named cluster with the newest ``updated_at`` among its most recently submitted jobs."""
-    # job_counts holds a row per (cluster, status): the cluster list without touching jobs.
+    # The counts hold rows per (cluster, status): the cluster list without touching jobs.
     clusters = (
-        select(COUNTS.c.cluster)
-        .where(COUNTS.c.jobs > 0, COUNTS.c.cluster != NO_CLUSTER)
+        select(ALL_COUNTS.c.cluster)
+        .where(ALL_COUNTS.c.cluster != NO_CLUSTER)
+        .group_by(ALL_COUNTS.c.cluster, ALL_COUNTS.c.status)
+        .having(func.sum(ALL_COUNTS.c.jobs) > 0)
         .distinct()
         .subquery("clusters")
     )

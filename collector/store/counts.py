@@ -1,4 +1,10 @@
-"""Per-(cluster, status) job counts: the list's totals without COUNT(*) over every job."""
+"""Per-(cluster, status) job counts: the list's totals without COUNT(*) over every job.
+
+A count is its ``job_counts`` row plus its ``job_count_stripes`` rows. SQLite's single
+writer and the rare writes (deletes, recounts) move ``job_counts``; PostgreSQL's write
+path adds to one stripe picked per write (pg_driver._COUNTED), so concurrent writes
+rarely share a row lock. Readers sum both, at most STRIPES + 1 rows per pair.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,24 @@ from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import text
+from sqlalchemy import union_all
 
 from collector.models import Job
 from collector.models import JobCount
+from collector.models import JobCountStripe
 from collector.store.core import table
 
 COUNTS = table(JobCount)
+STRIPED = table(JobCountStripe)
 JOBS = table(Job)
+# Enough that the writers of a busy server rarely pick the same row, few enough that a
+# reader's sum stays a handful of rows.
+STRIPES = 16
+# Every count row, whichever table holds it: what readers select from.
+ALL_COUNTS = union_all(
+    select(COUNTS.c.cluster, COUNTS.c.status, COUNTS.c.jobs),
+    select(STRIPED.c.cluster, STRIPED.c.status, STRIPED.c.jobs),
+).subquery("counts")
 
 Key = tuple[str, str]
 
@@ -37,25 +54,31 @@ def move(conn: Connection, old: Key | None, new: Key | None) -> None:
 
 def total(conn: Connection, *, status: str | None = None, cluster: str | None = None) -> int:
     """How many jobs match the list filters."""
-    query = select(func.coalesce(func.sum(COUNTS.c.jobs), 0))
+    query = select(func.coalesce(func.sum(ALL_COUNTS.c.jobs), 0))
     if status is not None:
-        query = query.where(COUNTS.c.status == status)
+        query = query.where(ALL_COUNTS.c.status == status)
     if cluster is not None:
-        query = query.where(COUNTS.c.cluster == cluster)
+        query = query.where(ALL_COUNTS.c.cluster == cluster)
     return int(conn.execute(query).scalar_one())
 
 
 def by_cluster(conn: Connection) -> dict[str, dict[str, int]]:
     """Every cluster that holds a job (``''`` for none known) and its non-zero counts by status."""
-    rows = conn.execute(select(COUNTS.c.cluster, COUNTS.c.status, COUNTS.c.jobs).where(COUNTS.c.jobs > 0))
+    jobs = func.sum(ALL_COUNTS.c.jobs)
+    rows = conn.execute(
+        select(ALL_COUNTS.c.cluster, ALL_COUNTS.c.status, jobs)
+        .group_by(ALL_COUNTS.c.cluster, ALL_COUNTS.c.status)
+        .having(jobs > 0)
+    )
     found: dict[str, dict[str, int]] = {}
-    for cluster, status, jobs in rows:
-        found.setdefault(cluster, {})[status] = int(jobs)
+    for cluster, status, count in rows:
+        found.setdefault(cluster, {})[status] = int(count)
     return found
 
 
 def recount(conn: Connection) -> None:
     """Rebuild every count from the jobs table (after edits made behind the collector's back)."""
+    conn.execute(delete(STRIPED))
     conn.execute(delete(COUNTS))
     grouped = select(JOBS.c.cluster, JOBS.c.status, func.count()).group_by(JOBS.c.cluster, JOBS.c.status)
     conn.execute(insert(COUNTS).from_select(["cluster", "status", "jobs"], grouped))

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from collector.contract import JobEventRecord
 from collector.models import Job
 from collector.models import JobEvent
+from collector.store import event_ids
 from collector.store.core import table
 from collector.store.identity import JobRow
 from collector.store.identity import wire_cluster
@@ -61,8 +62,8 @@ def append_if_changed(
     current = (job["status"], job["stage"], job["message"])
     if before == current:
         return None
-    # No feed lock: BEGIN IMMEDIATE already admits one SQLite writer at a time, so ids
-    # commit in order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
+    # SQLite: BEGIN IMMEDIATE admits one writer at a time, so AUTOINCREMENT ids commit in
+    # order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
     values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at,
                   credential=credential)
     event_id = conn.execute(insert(EVENTS).values(values).returning(EVENTS.c.id)).scalar_one()
@@ -84,7 +85,11 @@ def record(job: JobRow, event_id: int, created_at: dt.datetime, credential: str 
 
 
 def job_events(conn: Connection, job_pk: int, *, after: int = 0, limit: int | None = None) -> list[JobEventRecord]:
-    """One job's events with ``id > after``, oldest first."""
+    """One job's events with ``id > after``, oldest first.
+
+    No horizon: a job's events commit in id order (store/event_ids.py), so a job's
+    timeline shows its newest event as soon as the write that made it has answered.
+    """
     query = (
         select(*_RECORD_COLUMNS)
         .join(Job, Job.id == JobEvent.job_pk)
@@ -104,8 +109,13 @@ def feed(
     job_id: str | None = None,
     cluster: str | None = None,
 ) -> list[JobEventRecord]:
-    """Events across every job with ``id > after``, oldest first, optionally filtered."""
+    """Events across every job with ``id > after``, oldest first, optionally filtered.
+
+    On PostgreSQL, only ids below the horizon (store/event_ids.py): a cursor never skips.
+    """
     query = select(*_RECORD_COLUMNS).join(Job, Job.id == JobEvent.job_pk).where(JobEvent.id > after)
+    if (settled := event_ids.below_horizon(conn, JobEvent.id)) is not None:
+        query = query.where(settled)
     if job_id is not None:
         query = query.where(Job.job_id == job_id)
     if cluster is not None:

@@ -17,6 +17,8 @@ from collector.store.errors import NotFound
 NO_CLUSTER = ""
 # Advisory-lock namespaces (first key of pg_advisory_xact_lock(int, int)).
 JOB_LOCK = 1
+# Retired with the feed lock (revision 0008); reserved: a process still on older code
+# takes it while an upgrade rolls out.
 FEED_LOCK = 2
 
 # A job row as a plain dict keyed by column name. The write path runs on Core rather

@@ -39,33 +39,33 @@ ROWS_OF_JOB_ID = f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = %(job_i
 _UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".format(
     ", ".join(f'"{name}" = %({name})s' for name in _MUTABLE)
 )
-# The count upsert reads feed_lock, so its row locks come after the feed lock and in key
-# order (ORDER BY): no two writers can wait on each other. Zero deltas are filtered out.
+# Counts go to one of counts.STRIPES rows per (cluster, status), picked per write, so
+# concurrent writes moving jobs between the same statuses rarely hold the same row lock
+# across their commits. Rows are locked in key order (ORDER BY), so no two writers wait
+# on each other in a cycle. Zero deltas are filtered out.
 _COUNTED = (
-    "counted AS (INSERT INTO job_counts (cluster, status, jobs) "
-    "SELECT v.cluster, v.status, v.delta FROM {source}"
+    "counted AS (INSERT INTO job_count_stripes (cluster, status, stripe, jobs) "
+    "SELECT v.cluster, v.status, %(stripe)s::smallint, v.delta FROM "
     "(VALUES (%(old_cluster)s, %(old_status)s, %(old_delta)s::bigint), "
     "(%(new_cluster)s, %(new_status)s, %(new_delta)s::bigint)) AS v (cluster, status, delta) "
     "WHERE v.delta <> 0 ORDER BY v.cluster, v.status "
-    "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs)"
+    "ON CONFLICT (cluster, status, stripe) DO UPDATE SET jobs = job_count_stripes.jobs + excluded.jobs)"
 )
-# The feed never skips: sequence values are handed out at INSERT but become visible at
-# COMMIT, so two writers could commit ids out of order and a poller past the larger id
-# would miss the smaller one forever. One advisory lock, taken before the id is drawn
-# (the MATERIALIZED CTE is evaluated first) and held to COMMIT, makes commit order equal
-# id order. It is the last lock the transaction takes, which also rules out deadlocks.
-# Every event notifies this channel with its id when it commits (NOTIFY is transactional):
-# each process's stream hub listens, as a wake-up hint (collector/fanout.py).
+# No lock orders the feed and nothing notifies inside the transaction: the event's id is
+# its transaction's id (the column default, store/event_ids.py) and readers stop at the
+# oldest transaction still running, so writers commit in parallel and PostgreSQL flushes
+# their commits together. (A NOTIFY here would take NOTIFY's own cluster-wide lock across
+# the commit and serialise every writer again; each process's stream hub announces its
+# writes after they commit instead, collector/fanout.py.)
 EVENT_CHANNEL = "collector_events"
 SAVE_WITH_EVENT = (
     f"WITH {_UPDATED}, "
-    "feed_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(feed_namespace)s, 0) AS locked), "
     "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
-    "SELECT %(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM feed_lock RETURNING id), "
-    + _COUNTED.format(source="feed_lock, ")
-    + f" SELECT id, pg_notify('{EVENT_CHANNEL}', id::text) AS notified FROM event"
+    "VALUES (%(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s) RETURNING id), "
+    + _COUNTED
+    + " SELECT id FROM event"
 )
-SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED.format(source="") + " SELECT NULL"
+SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED + " SELECT NULL"
 
 
 # SQLSTATE classes of a session the server has ended: connection exceptions (08) and
@@ -121,11 +121,11 @@ def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str
 def execute_and_commit(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Run the transaction's last statement and its COMMIT in one round trip (pipeline mode).
 
-    A writer holds the feed lock from its event insert to COMMIT. Sent separately, the
-    COMMIT waits for this thread to get the GIL back (up to the 5 ms switch interval
-    under load) while every other writer queues on the lock; pipelined, the server
-    releases it as soon as the statement is done. SQLAlchemy's own commit that follows
-    finds the transaction closed and sends nothing.
+    A writer holds its job's lock and its count rows from the statement to COMMIT. Sent
+    separately, the COMMIT waits for this thread to get the GIL back (up to the 5 ms
+    switch interval under load) while writers of the same job or count row queue behind
+    it; pipelined, the server commits as soon as the statement is done. SQLAlchemy's own
+    commit that follows finds the transaction closed and sends nothing.
     """
     with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor:
         with driver.pipeline():

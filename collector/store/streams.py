@@ -10,6 +10,7 @@ from sqlalchemy import select
 from collector.contract import JobSummary
 from collector.contract import StreamEvent
 from collector.models import JobEvent
+from collector.store import event_ids
 from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import wire_cluster
@@ -30,8 +31,9 @@ _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
 
 
 def newest_id(conn: Connection) -> int:
-    """The id of the newest committed event (0 for an empty feed): the live edge."""
-    newest: int = conn.execute(_NEWEST).scalar_one()
+    """The id of the newest readable event (0 for an empty feed): the live edge."""
+    settled = event_ids.below_horizon(conn, EVENTS.c.id)
+    newest: int = conn.execute(_NEWEST if settled is None else _NEWEST.where(settled)).scalar_one()
     return newest
 
 
@@ -45,8 +47,10 @@ def page(
     cluster: str | None = None,
     status: str | None = None,
 ) -> list[tuple[int, StreamEvent]]:
-    """Up to ``limit`` events with ``id > after``, oldest first, as (job primary key, event)."""
+    """Up to ``limit`` readable events with ``id > after``, oldest first, as (job primary key, event)."""
     query = _SELECT.where(EVENTS.c.id > after)
+    if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
+        query = query.where(settled)
     if job_pk is not None:
         query = query.where(EVENTS.c.job_pk == job_pk)
     if job_id is not None:

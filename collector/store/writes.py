@@ -2,12 +2,14 @@
 
 SQLite runs them as separate statements (one writer at a time, no network). PostgreSQL
 gets one statement for all three (pg_driver.SAVE_WITH_EVENT), because on a shared
-collector the per-statement cost is most of what a lifecycle PUT costs.
+collector the per-statement cost is most of what a lifecycle PUT costs, and takes no
+lock beyond the job's and its count rows', so writers of different jobs commit together.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import random
 
 from sqlalchemy import Connection
 from sqlalchemy import bindparam
@@ -18,7 +20,6 @@ from collector.contract import JobEventRecord
 from collector.store import counts
 from collector.store import events
 from collector.store import pg_driver
-from collector.store.identity import FEED_LOCK
 from collector.store.identity import JOBS
 from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
@@ -80,14 +81,14 @@ def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, befor
         "new_cluster": new_key[0],
         "new_status": new_key[1],
         "new_delta": 1 if moved else 0,
+        "stripe": random.randrange(counts.STRIPES),
     }
     execute = pg_driver.execute_and_commit if commit else pg_driver.execute
     triple = (row["status"], row["stage"], row["message"])
     if before == triple:
         execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
         return None
-    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT,
-                       {**params, "feed_namespace": FEED_LOCK, "credential": credential})
+    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "credential": credential})
     return events.record(row, event["id"], created_at, credential)
 
 
