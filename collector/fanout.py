@@ -294,7 +294,9 @@ class Hub:
                         conn.execute("SELECT pg_notify(%s, %s)", (EVENT_CHANNEL, str(newest)))
                         pending = max(pending, newest)
                     self._refresh()
-                    if pending > self.cursor and self._settled_past(pending):
+                    if not self._ready:
+                        pending = 0  # no stream to read for: announcing was all there was to do
+                    elif pending > self.cursor and self._settled_past(pending):
                         pending = 0  # deleted since it was announced: nothing to wait for
                     held = held + 1 if pending > self.cursor else 0
                     quiet = 0.0

@@ -44,6 +44,7 @@ from collector.guard import METRICS_PATH
 from collector.openapi import operation
 from collector.store import activity
 from collector.store import clusters
+from collector.store import event_ids
 
 log = logging.getLogger("collector")
 
@@ -138,6 +139,7 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
         reports = database.run(activity.last_reports)
         now = dt.datetime.now(dt.UTC)
         probed = database.run(lambda conn: clusters.health(conn, now))
+        held = database.run(event_ids.oldest_writer_age)
     except SQLAlchemyError as exc:
         # The rest of the scrape is worth most while the database is down: answer it.
         log.warning("metrics: database query failed: %s", str(exc).strip().splitlines()[0])
@@ -169,6 +171,11 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
         probe_ages.add_metric([cluster], age)
     yield status
     yield probe_ages
+    yield GaugeMetricFamily(
+        "collector_feed_held_seconds",
+        "PostgreSQL: how long the oldest write transaction on the server has run; the event feed waits for it.",
+        value=held,
+    )
 
 
 def _observe(response: Response) -> Response:

@@ -22,6 +22,7 @@ from typing import Any
 from typing import Protocol
 from typing import TypeVar
 
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 
 from collector.log_format import TEXT_FORMAT
@@ -57,6 +58,17 @@ class GunicornArbiter(Protocol):
     """The gunicorn master (gunicorn.arbiter.Arbiter)."""
 
     LISTENERS: list[GunicornListener]
+
+
+class ServerLogger(glogging.Logger):  # type: ignore[misc]  # gunicorn has no types
+    """gunicorn's logger without its access line (collector.access writes one per request).
+
+    With a logging config gunicorn formats every request's access fields before the
+    level check drops the line: a measurable share of a write's CPU (docs/performance.md).
+    """
+
+    def access(self, *_: object) -> None:
+        """Nothing: collector.access has already logged the request."""
 
 
 def use_metrics_dir() -> None:
@@ -109,6 +121,7 @@ def options(settings: Settings, *, text_format: str = GUNICORN_TEXT_FORMAT, serv
         "preload_app": False,
         # collector.access logs each request with its request id; gunicorn's line would repeat it.
         "accesslog": None,
+        "logger_class": ServerLogger,
         "errorlog": "-",
         "loglevel": settings.server_log_level or server_log_level,
         "proc_name": "collector",

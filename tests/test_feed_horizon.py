@@ -54,9 +54,11 @@ def test_a_poller_never_passes_an_event_still_being_written(postgres, api):
     cursor = newest(api)
     with psycopg.connect(driver_url(postgres)) as held:
         # A writer that drew its id first and has not committed yet.
-        (slow_id,) = held.execute(
+        row = held.execute(
             "INSERT INTO job_events (job_pk, status, created_at) VALUES (%s, 'workers', now()) RETURNING id",
             (job_pk(postgres, "slow"),)).fetchone()
+        assert row is not None
+        (slow_id,) = row
         written(api, "fast", "workers")  # a larger id, committed first
         fast_id = detail(api, "fast")["events"][-1]["id"]
         assert fast_id > slow_id

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 import requests
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -19,6 +20,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import make_url
 
 from collector import credentials
 from collector import metrics
@@ -169,6 +171,21 @@ def test_cluster_report_age_is_read_at_scrape_time(api):
     assert set(ages) == {"alpha", "beta"}  # a job with no cluster belongs to none
     assert 300 <= ages["alpha"] <= 300 + elapsed  # the newest report of the cluster's jobs
     assert 60 <= ages["beta"] <= 60 + elapsed
+
+
+def test_feed_held_seconds_is_the_age_of_the_oldest_write_transaction(api, database):
+    if not database.is_postgres:
+        # SQLite's feed never waits: the gauge is always 0.
+        assert value(scrape(api.url, api.token), "collector_feed_held_seconds") == 0
+        return
+    assert value(scrape(api.url, api.token), "collector_feed_held_seconds") < 1
+    dsn = make_url(database.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn) as held:
+        held.execute("SELECT pg_current_xact_id()")  # a write transaction left open
+        time.sleep(1.2)
+        assert 1.2 <= value(scrape(api.url, api.token), "collector_feed_held_seconds") < 30
+        held.rollback()
+    assert value(scrape(api.url, api.token), "collector_feed_held_seconds") < 1
 
 
 def test_scrape_answers_while_the_database_is_down(serve):

@@ -114,7 +114,7 @@ def feed(
     On PostgreSQL, only ids below the horizon (store/event_ids.py): a cursor never skips.
     """
     query = select(*_RECORD_COLUMNS).join(Job, Job.id == JobEvent.job_pk).where(JobEvent.id > after)
-    if (settled := event_ids.below_horizon(conn, JobEvent.id)) is not None:
+    if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
         query = query.where(settled)
     if job_id is not None:
         query = query.where(Job.job_id == job_id)
