@@ -113,10 +113,8 @@ def test_new_ids_stay_above_ids_restored_from_another_cluster(postgres, api):
 
 
 @pytest.mark.parametrize("rows", [0, 3])
-def test_the_upgrade_puts_new_ids_above_the_sequence_ones(new_database, rows):
-    url = new_database()
-    if not url.startswith("postgresql"):
-        pytest.skip("event ids are transaction ids on PostgreSQL only")
+def test_the_upgrade_puts_new_ids_above_the_sequence_ones(postgres, new_database, rows):
+    url = new_database()  # a PostgreSQL one: the postgres fixture skipped this test otherwise
     migrations.upgrade(url, "0007")
     engine = create_engine(url, poolclass=NullPool)
     try:
