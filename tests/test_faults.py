@@ -33,6 +33,7 @@ from sqlalchemy import text
 from sqlalchemy.pool import NullPool
 
 from collector.migrations import upgrade
+from tests import sse
 from tests.faultload import Load
 from tests.faultload import Write
 from tests.faultload import stamp
@@ -653,3 +654,52 @@ def test_kill_9_of_a_worker_during_a_token_rotation(database, tmp_path):
     database.assert_counts_match_jobs()
     assert not [a for w in load.writes for a in w.attempts if a.status in (401, 403)]
     assert {a.status for _, a in load.failures} <= {None}, load.failure_kinds()
+
+
+# --- 9. kill -9 of writing workers while another instance streams ------------------------------
+
+
+def all_feed_ids(url: str) -> list[int]:
+    """Every event id of the feed, paged with next_cursor."""
+    ids: list[int] = []
+    after = 0
+    while True:
+        body = requests.get(f"{url}/api/events", params={"after": after, "limit": 1000}, timeout=30).json()
+        ids += [event["id"] for event in body["events"]]
+        if not body["events"]:
+            return ids
+        after = body["next_cursor"]
+
+
+def test_kill_9_of_writing_workers_loses_no_event_on_another_instances_streams(postgres):
+    # Writers announce their events after they commit (collector/fanout.py): a worker killed
+    # between a commit and its announcement must cost the streams latency, never an event.
+    postgres.clean()
+    streamer = gunicorn(postgres.url, workers=1)
+    writer = gunicorn(postgres.url, workers=2)
+    streams = []
+    try:
+        streams = [sse.connect(streamer.url, "/api/events/stream", params={"after": 0}) for _ in range(2)]
+        master = writer.proc.pid
+        wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
+        load = Load(writer.url, prefix="announce-", threads=6).start()
+        for _ in range(3):
+            time.sleep(1.0)
+            os.kill(random.choice(workers_of(master)), signal.SIGKILL)
+            wait_for(lambda: len(workers_of(master)) == 2, 20, "a replacement worker")
+        time.sleep(1.0)
+        load.stop()
+        report = verify(postgres.engine, load.writes, url=writer.url)
+        expected = all_feed_ids(writer.url)
+        # A lost announcement waits for the streamer's 15 s listener check at most.
+        received = [[int(frame.id or 0) for frame in stream.events(len(expected), timeout=30)] for stream in streams]
+    finally:
+        for stream in streams:
+            stream.close()
+        writer.stop()
+        streamer.stop()
+    figure(f"kill -9 of writing workers, another instance streaming: {len(expected)} events; {load.summary()}")
+    assert_stored(report, load)
+    assert len(expected) >= len([w for w in load.acked if w.kind != "log"]) > 0
+    for ids in received:
+        assert ids == expected  # every event once, in feed order
