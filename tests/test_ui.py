@@ -214,8 +214,15 @@ def test_filters_search_and_sort_are_server_side_and_in_the_url(collector, page)
     seed(collector)
     open_page(page, collector)
     page.wait_for_selector("#jobs-body tr[data-key]")
-    # The cluster filter lists the clusters with their counts (GET /api/clusters).
-    assert page.locator("#cluster option").all_inner_texts() == ["all clusters", "b200 (31)", "gb300 (31)"]
+    # The cluster filter lists the clusters with their counts (GET /api/clusters), which
+    # may answer after the first page of jobs has been drawn.
+    options = ["all clusters", "b200 (31)", "gb300 (31)"]
+    try:
+        page.wait_for_function("expected => JSON.stringify([...document.querySelectorAll('#cluster option')]"
+                               ".map(o => o.textContent)) === JSON.stringify(expected)", arg=options,
+                               timeout=WAIT_MS)
+    finally:
+        assert page.locator("#cluster option").all_inner_texts() == options  # says what the page shows instead
     page.select_option("#status", "failed")
     wait_for_ids(page, ["1060", "1055", "1050", "1045", "1040", "1035", "1030", "1025", "1020", "1015", "1010",
                         "1005", "1000"])
