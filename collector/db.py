@@ -45,7 +45,7 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     engine = create_engine(
         url,
-        pool_size=settings.pool_size,
+        pool_size=settings.pool_kept,
         max_overflow=settings.pool_max_overflow,
         # No pre-ping (a round trip on every checkout, i.e. every request): a connection
         # that died with a database restart fails its first statement instead, and

@@ -99,7 +99,8 @@ class Settings:
     # SQLite is migrated on start (one user, one file); PostgreSQL never is, because a
     # shared database is upgraded deliberately, before the new code starts.
     auto_migrate: bool | None = None
-    pool_size: int = 5
+    # PostgreSQL connections a process keeps open; None: request_threads + 2 (see pool_kept).
+    pool_size: int | None = None
     pool_max_overflow: int = 10
     # Event streams (docs/api.md, "Streams"). A heartbeat after this many idle seconds
     # keeps proxies from timing the connection out; the lifetime bounds how long one
@@ -164,7 +165,7 @@ class Settings:
             tokens_file=env.get("COLLECTOR_TOKENS_FILE") or None,
             allow_unauthenticated=_flag(env.get("COLLECTOR_ALLOW_UNAUTHENTICATED")),
             cors_origins=origins,
-            pool_size=_int(env, "COLLECTOR_POOL_SIZE", 5),
+            pool_size=_int(env, "COLLECTOR_POOL_SIZE", 0) or None,
             pool_max_overflow=_int(env, "COLLECTOR_POOL_MAX_OVERFLOW", 10),
             stream_heartbeat_s=_float(env, "COLLECTOR_STREAM_HEARTBEAT", 30.0),
             stream_max_lifetime_s=_float(env, "COLLECTOR_STREAM_MAX_LIFETIME", 900.0),
@@ -217,6 +218,19 @@ class Settings:
         return 1 if self.is_sqlite else 2 * (os.cpu_count() or 1)
 
     @property
+    def pool_kept(self) -> int:
+        """PostgreSQL connections a process keeps open: as configured, else one per request thread and two more.
+
+        A pool smaller than the requests that run at once closes a connection on nearly
+        every return and opens another on the next checkout (a backend started, a login
+        and the catalog caches warmed each time): at the old default of 5 against 8
+        threads, a busy worker opened dozens of sessions a second and lost a fifth of
+        its throughput (docs/performance.md). The two spare serve the janitor and the
+        streams' catch-up reads.
+        """
+        return self.pool_size or self.request_threads + 2
+
+    @property
     def migrates_on_start(self) -> bool:
         """Whether the app upgrades the schema itself before serving."""
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
@@ -247,6 +261,10 @@ class Settings:
             raise SettingsError("request_threads (COLLECTOR_THREADS) must be at least 1")
         if not self.queue_timeout_s > 0:
             raise SettingsError("queue_timeout_s (COLLECTOR_QUEUE_TIMEOUT) must be a positive number of seconds")
+        if self.pool_size is not None and self.pool_size < 1:
+            raise SettingsError("pool_size (COLLECTOR_POOL_SIZE) must be at least 1")
+        if self.pool_max_overflow < 0:
+            raise SettingsError("pool_max_overflow (COLLECTOR_POOL_MAX_OVERFLOW) must be zero or more")
         if self.workers is not None and self.workers < 1:
             raise SettingsError("workers (COLLECTOR_WORKERS, --workers) must be at least 1")
         if self.max_streams < 0:

@@ -146,6 +146,12 @@ def test_serving_variables_are_read_once_for_serve_and_gunicorn():
     assert (settings.log_level, settings.access_log_level, settings.server_log_level) == ("warning", "error", "debug")
 
 
+def test_the_pool_keeps_a_connection_per_request_thread_unless_told():
+    assert Settings.from_env({}).pool_kept == 8 + 2
+    assert Settings.from_env({"COLLECTOR_THREADS": "3"}).pool_kept == 3 + 2
+    assert Settings.from_env({"COLLECTOR_THREADS": "3", "COLLECTOR_POOL_SIZE": "4"}).pool_kept == 4
+
+
 def test_workers_default_to_one_on_sqlite_and_two_per_cpu_on_postgresql():
     assert Settings.from_env({}).worker_count == 1
     cpus = os.cpu_count() or 1
@@ -156,6 +162,9 @@ def test_workers_default_to_one_on_sqlite_and_two_per_cpu_on_postgresql():
     ({"COLLECTOR_QUEUE_TIMEOUT": "0"}, "COLLECTOR_QUEUE_TIMEOUT"),
     ({"COLLECTOR_QUEUE_TIMEOUT": "soon"}, "COLLECTOR_QUEUE_TIMEOUT must be a number"),
     ({"COLLECTOR_WORKERS": "-1"}, "COLLECTOR_WORKERS"),
+    ({"COLLECTOR_POOL_SIZE": "-1"}, r"^pool_size \(COLLECTOR_POOL_SIZE\) must be at least 1$"),
+    ({"COLLECTOR_POOL_MAX_OVERFLOW": "-1"},
+     r"^pool_max_overflow \(COLLECTOR_POOL_MAX_OVERFLOW\) must be zero or more$"),
     ({"COLLECTOR_LOG_LEVEL": "loud"}, "COLLECTOR_LOG_LEVEL must be one of debug, info, warning, error, critical"),
 ])
 def test_serving_variables_are_checked(env, message):
