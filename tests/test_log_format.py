@@ -13,6 +13,7 @@ import pytest
 import requests
 from sqlalchemy import make_url
 
+from collector import serving
 from collector.log_format import JsonFormatter
 from collector.log_format import redact_query
 from collector.settings import Settings
@@ -149,3 +150,16 @@ def test_exception_is_one_line_with_the_traceback_as_a_string():
 )
 def test_credential_query_parameters_are_redacted(query, logged):
     assert redact_query(query) == logged
+
+
+def test_servers_leave_out_the_record_fields_no_format_prints(monkeypatch):
+    # Restored after the test: the switches are process-wide.
+    for name in ("_srcfile", "logThreads", "logMultiprocessing"):
+        monkeypatch.setattr(logging, name, getattr(logging, name))
+    serving.options(Settings())
+    record = logging.getLogger("collector.jobs").makeRecord("collector.jobs", logging.INFO, "(unknown file)", 0,
+                                                           "job %s", ("j1",), None)
+    assert (logging._srcfile, record.thread, record.threadName, record.processName) == (None, None, None, None)
+    # The text format's fields are all there.
+    line = logging.Formatter(serving.GUNICORN_TEXT_FORMAT).format(record)
+    assert line.endswith(f"[{record.process}] INFO collector.jobs: job j1")
