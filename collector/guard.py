@@ -130,7 +130,7 @@ class Guard:
 
     def check_body(self) -> Response | None:
         """413 from Content-Length before a byte of the body is read."""
-        length = request.content_length if "CONTENT_LENGTH" in request.environ else None
+        length = request.content_length
         if length is not None and length > self.settings.max_body_bytes:
             return error_response(413, f"body of {length} bytes exceeds the {self.settings.max_body_bytes}-byte limit")
         return None
@@ -160,11 +160,10 @@ class Guard:
         started = getattr(context, "started", None)
         elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
         # A token a client put in the URL must not reach the log: credential-like values are replaced.
-        query = redact_query(request.query_string.decode(errors="replace")) if environ.get("QUERY_STRING") else ""
+        query = redact_query(request.query_string.decode(errors="replace"))
         method, path, remote = environ["REQUEST_METHOD"], request.path, environ.get("REMOTE_ADDR")
         # Who made the request: a credential's name, never its secret.
-        found: Credential | None = getattr(context, "credential", None)
-        name = found.name if found is not None else None
+        name = found.name if (found := credential()) else None
         # The same facts as keys, for the JSON format (COLLECTOR_LOG_FORMAT=json); bytes is
         # None for a streamed body, whose length is unknown when the line is written.
         fields = {

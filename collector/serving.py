@@ -91,7 +91,10 @@ def bind_address(host: str, port: int) -> str:
 
 def options(settings: Settings, *, text_format: str = GUNICORN_TEXT_FORMAT, server_log_level: str = "info",
             ) -> dict[str, Any]:
-    """Every gunicorn setting the collector uses, from ``settings``."""
+    """Every gunicorn setting the collector uses, from ``settings``; also trims this process's log records.
+
+    The trim (``lean_log_records``) is process-wide and inherited by the workers it forks.
+    """
     # Threads, not async: each request is a short transaction. An event stream holds its
     # thread for its whole life, so every worker gets max_streams threads on top of the
     # ones requests use; the app refuses a stream past that number (503), so streams can
