@@ -124,8 +124,14 @@ def start(database, tokens_path):
         env = child_env(COLLECTOR_DATABASE_URL=database.url, COLLECTOR_LOG_FORMAT="json")
         servers.append(ServerProcess(collector_command("serve", "--port", "0", "--workers", "2", "--tokens-file",
                                                        str(tokens_path)), env))
-        wait_for(lambda: len(workers_of(servers[-1].proc.pid)) == 2, 20, "two workers")
-        return servers[-1]
+        server = servers[-1]
+        wait_for(lambda: len(workers_of(server.proc.pid)) == 2, 20, "two workers")
+        # A worker reads the file when it starts (post_worker_init), which may be after its
+        # sibling's first answers: a test that edits the file before then would find a worker
+        # that never read a good file (its own case: test_a_worker_started_while_the_file_is_broken_serves_on).
+        wait_for(lambda: len({e["pid"] for e in log_entries(server) if "reloaded:" in e["message"]}) == 2, 20,
+                 "both workers to read the tokens file")
+        return server
 
     yield started
     for server in servers:
