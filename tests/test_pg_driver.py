@@ -15,12 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy import event
 from sqlalchemy import text
 
 from collector.contract import JobCreatePayload
+from collector.contract import JobStage
+from collector.contract import JobStatus
+from collector.contract import JobUpdatePayload
 from collector.db import Database
 from collector.settings import Settings
 from collector.store import jobs as job_store
@@ -141,3 +145,57 @@ def test_the_watch_sees_a_commit_sent_after_the_transaction_ended(watched, postg
     watched.database.run(work)
 
     assert watched.notices == ["WARNING: there is no transaction in progress"]
+
+
+def client_waits(trace: str) -> list[str]:
+    """The messages after which a traced client waited for the server: one per round trip.
+
+    In libpq's trace (F: frontend, B: backend) a round trip is a run of frontend
+    messages followed by the server's answers.
+    """
+    waits, sent = [], []
+    for line in trace.splitlines():
+        direction, _, message = line.split("\t")[:3]
+        if direction == "F":
+            sent.append(message.split(" ")[0])
+        elif sent:
+            waits.append("+".join(sent))
+            sent = []
+    return waits
+
+
+def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    submitted = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=dt.datetime.now(dt.UTC),
+                                 cluster="pg-driver")
+    watched.database.run(lambda conn: job_store.submit(conn, submitted), write=True)
+    put = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
+                           updated_at=dt.datetime.now(dt.UTC), metadata={"cluster": "pg-driver"})
+    trace_path = tmp_path / "libpq.trace"
+
+    def work(conn: Connection) -> job_store.WriteResult:
+        driver = watched.watch(conn)
+        # The unit of work starts with no statement sent: the store opens the transaction.
+        watched.status_in_work.append(driver.info.transaction_status)
+        with open(trace_path, "w") as trace:
+            driver.pgconn.trace(trace.fileno())
+            driver.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            try:
+                return job_store.update(conn, job_id, put, cluster="pg-driver")
+            finally:
+                driver.pgconn.untrace()
+
+    result = watched.database.run(work, write=True)
+
+    assert (result.status, result.event is not None) == ("workers", True)
+    assert watched.status_in_work == [TransactionStatus.IDLE]
+    waits = client_waits(trace_path.read_text())
+    # BEGIN, the lock and the read; then the write and COMMIT. (psycopg alone would wait
+    # for its BEGIN, and sync once more after a pipelined commit(): four.)
+    assert [w.split("+") for w in waits] == [
+        ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
+        ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
+    ], waits
+    # Both units of work (the POST's too) went back to the pool idle, with no stray COMMIT.
+    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 2
+    assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "workers"

@@ -1,4 +1,4 @@
-"""The PostgreSQL write path's three statements, run on the driver connection itself.
+"""The PostgreSQL write path's statements, run on the driver connection itself.
 
 A lifecycle PUT is dominated by per-statement overhead, and on this path SQLAlchemy's
 share of it (compilation lookup, bind and result processing) was larger than the
@@ -17,6 +17,7 @@ from typing import cast
 
 import psycopg
 import psycopg.errors
+from psycopg import pq
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
@@ -34,7 +35,9 @@ _TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime
 _JSON = frozenset(c.name for c in JOBS.c if c.type is JSONDocument)
 
 LOCK_JOB_ID = "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(job_id)s))"
-ROWS_OF_JOB_ID = f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = %(job_id)s ORDER BY id"
+# The lock, then the rows, in one statement (revision 0009): the function's SELECT takes
+# its snapshot once the lock is held, so it sees whatever the previous holder committed.
+LOCKED_ROWS_OF_JOB_ID = f"SELECT {', '.join(_COLUMNS)} FROM collector_locked_rows(%(namespace)s, %(job_id)s)"
 
 _UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".format(
     ", ".join(f'"{name}" = %({name})s' for name in _MUTABLE)
@@ -126,25 +129,41 @@ def execute_and_commit(conn: Connection, sql: str, params: dict[str, Any]) -> li
     switch interval under load) while writers of the same job or count row queue behind
     it; pipelined, the server commits as soon as the statement is done. SQLAlchemy's own
     commit that follows finds the transaction closed and sends nothing.
+
+    COMMIT goes as a statement, not through ``driver.commit()``: in a pipeline that syncs
+    at once, and leaving the pipeline then syncs again, a second round trip for nothing.
     """
-    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor:
+    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor, \
+            driver.cursor() as commit:
         with driver.pipeline():
             cursor.execute(sql, params)
-            driver.commit()
+            commit.execute(b"COMMIT")
+        # Leaving the pipeline block has waited for both results.
         return cursor.fetchall() if cursor.description else []
 
 
 def locked_job_rows(conn: Connection, namespace: int, job_id: str) -> list[dict[str, Any]]:
-    """Take the job id's lock, then read its rows, in one round trip (pipeline mode).
+    """Open the transaction, take the job id's lock and read its rows, in one round trip.
 
-    The server runs them in order, and the SELECT takes its snapshot only once the lock
-    is held, so it sees whatever the previous holder committed.
+    One statement for the lock and the read (psycopg spends more per pipelined statement
+    than the server does on either, docs/performance.md), pipelined behind our own BEGIN:
+    the BEGIN psycopg sends by itself waits for its answer before anything else goes.
     """
-    with _driver(conn, ROWS_OF_JOB_ID) as driver, driver.cursor() as lock, \
+    with _driver(conn, LOCKED_ROWS_OF_JOB_ID) as driver, driver.cursor() as begin, \
             driver.cursor(row_factory=dict_row) as rows:
-        with driver.pipeline():
-            lock.execute(LOCK_JOB_ID, {"namespace": namespace, "job_id": job_id})
-            rows.execute(ROWS_OF_JOB_ID, {"job_id": job_id})
+        opens = driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit
+        if opens:
+            driver.autocommit = True  # psycopg sends no BEGIN of its own: ours goes in the pipeline
+        try:
+            with driver.pipeline():
+                if opens:
+                    begin.execute(b"BEGIN")
+                rows.execute(LOCKED_ROWS_OF_JOB_ID, {"namespace": namespace, "job_id": job_id})
+        finally:
+            if opens:
+                # Inside the transaction the public setter refuses; the flag only says whether
+                # psycopg opens transactions itself, which it must again for the next one.
+                driver._autocommit = False
         # Leaving the pipeline block has waited for both results.
         return job_rows(rows.fetchall())
 
