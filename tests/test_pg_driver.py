@@ -20,6 +20,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy import event
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobStage
@@ -29,6 +30,7 @@ from collector.db import Database
 from collector.settings import Settings
 from collector.store import jobs as job_store
 from collector.store import pg_driver
+from collector.store.identity import JOB_LOCK
 
 
 class Watched:
@@ -199,3 +201,37 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
     # Both units of work (the POST's too) went back to the pool idle, with no stray COMMIT.
     assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 2
     assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "workers"
+
+
+def test_a_failed_first_pipeline_leaves_the_connection_opening_its_own_transactions(watched, postgres):
+    # The lock-and-read pipeline runs with psycopg's autocommit on; a statement error that
+    # leaves the connection alive (here a statement timeout while another session holds the
+    # job's lock) must not send it back to the pool with autocommit still on.
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    watched.database.run(lambda conn: conn.execute(text("SET statement_timeout = '200ms'")))
+    holder = psycopg.connect(postgres.url.replace("postgresql+psycopg://", "postgresql://"))
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (JOB_LOCK, job_id))
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            watched.watch(conn)
+            return pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)
+
+        with pytest.raises(DBAPIError) as failed:
+            watched.database.run(read)
+        assert isinstance(failed.value.orig, psycopg.errors.QueryCanceled)
+        assert not failed.value.connection_invalidated
+    finally:
+        holder.close()
+
+    def half_done(conn: Connection) -> None:
+        driver = watched.watch(conn)
+        assert driver.autocommit is False
+        conn.execute(text("INSERT INTO job_counts (cluster, status, jobs) VALUES (:c, 'submitted', 1)"), {"c": job_id})
+        raise RuntimeError("the unit of work fails after its insert")
+
+    with pytest.raises(RuntimeError):
+        watched.database.run(half_done)
+    # Same connection (pool of one), and the insert was rolled back with its transaction.
+    assert len(watched.pids) == 1
+    assert postgres.scalar("SELECT count(*) FROM job_counts WHERE cluster = :c", c=job_id) == 0
