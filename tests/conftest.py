@@ -96,6 +96,11 @@ class TestDatabase:
         with self.engine.connect() as conn:
             return conn.execute(text(sql), params).scalar()
 
+    def row(self, sql: str, **params):
+        """The one row ``sql`` selects, as a tuple."""
+        with self.engine.connect() as conn:
+            return tuple(conn.execute(text(sql), params).one())
+
 
 @pytest.fixture(scope="session")
 def new_database(tmp_path_factory):

@@ -166,16 +166,19 @@ def client_waits(trace: str) -> list[str]:
     return waits
 
 
-def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
-    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
-    submitted = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=dt.datetime.now(dt.UTC),
-                                 cluster="pg-driver")
-    watched.database.run(lambda conn: job_store.submit(conn, submitted), write=True)
-    put = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
-                           updated_at=dt.datetime.now(dt.UTC), metadata={"cluster": "pg-driver"})
-    trace_path = tmp_path / "libpq.trace"
+# BEGIN, the lock and the read; then the write and COMMIT. (psycopg alone would wait for
+# its BEGIN, and sync once more after a pipelined commit(): four. A new job's row went
+# through SQLAlchemy between the two: three.)
+TWO_ROUND_TRIPS = [
+    ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
+    ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
+]
 
-    def work(conn: Connection) -> job_store.WriteResult:
+
+def traced_waits(watched: Watched, trace_path, write) -> tuple[Any, list[list[str]]]:
+    """Run ``write(conn)`` as a unit of work under libpq's trace: its result and its round trips."""
+
+    def work(conn: Connection) -> Any:
         driver = watched.watch(conn)
         # The unit of work starts with no statement sent: the store opens the transaction.
         watched.status_in_work.append(driver.info.transaction_status)
@@ -183,24 +186,60 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
             driver.pgconn.trace(trace.fileno())
             driver.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
             try:
-                return job_store.update(conn, job_id, put, cluster="pg-driver")
+                return write(conn)
             finally:
                 driver.pgconn.untrace()
 
     result = watched.database.run(work, write=True)
+    return result, [wait.split("+") for wait in client_waits(trace_path.read_text())]
+
+
+def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    submitted = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=dt.datetime.now(dt.UTC),
+                                 cluster="pg-driver")
+    watched.database.run(lambda conn: job_store.submit(conn, submitted), write=True)
+    put = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
+                           updated_at=dt.datetime.now(dt.UTC), metadata={"cluster": "pg-driver"})
+
+    result, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                                 lambda conn: job_store.update(conn, job_id, put, cluster="pg-driver"))
 
     assert (result.status, result.event is not None) == ("workers", True)
     assert watched.status_in_work == [TransactionStatus.IDLE]
-    waits = client_waits(trace_path.read_text())
-    # BEGIN, the lock and the read; then the write and COMMIT. (psycopg alone would wait
-    # for its BEGIN, and sync once more after a pipelined commit(): four.)
-    assert [w.split("+") for w in waits] == [
-        ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
-        ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
-    ], waits
+    assert waits == TWO_ROUND_TRIPS, waits
     # Both units of work (the POST's too) went back to the pool idle, with no stray COMMIT.
     assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 2
     assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "workers"
+
+
+@pytest.mark.parametrize("first_write", ["post", "put"])
+def test_a_new_job_is_two_round_trips_with_its_row_event_and_count(watched, postgres, tmp_path, first_write):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    cluster = f"pg-new-{first_write}-{uuid.uuid4().hex[:6]}"
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    if first_write == "post":
+        payload: Any = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=now, cluster=cluster)
+        result, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                                     lambda conn: job_store.submit(conn, payload, credential="tok-a"))
+        expected = ("submitted", None, None, False)
+    else:
+        payload = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
+                                   updated_at=now, metadata={"cluster": cluster})
+        result, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                                     lambda conn: job_store.update(conn, job_id, payload, credential="tok-a"))
+        expected = ("workers", "workers", "up", True)
+
+    assert waits == TWO_ROUND_TRIPS, waits
+    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE]
+    job = postgres.row("SELECT id, status, stage, message, is_placeholder FROM jobs WHERE job_id = :j", j=job_id)
+    assert job[1:] == expected
+    # The event belongs to the row inserted in the same statement, and the record says so.
+    event = postgres.row("SELECT id, job_pk, status, created_at, credential FROM job_events WHERE job_pk = :pk",
+                         pk=job[0])
+    assert event[1:] == (job[0], expected[0], now, "tok-a")
+    assert (result.event.id, result.event.status, result.cluster) == (event[0], expected[0], cluster)
+    assert postgres.count_of(cluster, expected[0]) == 1
 
 
 def test_a_failed_first_pipeline_leaves_the_connection_opening_its_own_transactions(watched, postgres):

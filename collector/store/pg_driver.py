@@ -69,6 +69,19 @@ SAVE_WITH_EVENT = (
     + " SELECT id FROM event"
 )
 SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED + " SELECT NULL"
+# A new job: its row, its first event and its count in one statement, so a POST that
+# creates a job is two round trips like any other write. The event's job_pk comes from
+# the row inserted in the same statement (RETURNING), and both ids come back.
+SAVE_NEW_JOB = (
+    "WITH inserted AS (INSERT INTO jobs ({}) VALUES ({}) RETURNING id), ".format(
+        ", ".join(f'"{name}"' for name in _MUTABLE), ", ".join(f"%({name})s" for name in _MUTABLE)
+    )
+    + "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
+    "SELECT id, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM inserted "
+    "RETURNING id, job_pk), "
+    + _COUNTED
+    + " SELECT id, job_pk FROM event"
+)
 
 
 # SQLSTATE classes of a session the server has ended: connection exceptions (08) and

@@ -1,7 +1,8 @@
 """Persisting a job write: the row, its event and its count, in as few round trips as we can.
 
 SQLite runs them as separate statements (one writer at a time, no network). PostgreSQL
-gets one statement for all three (pg_driver.SAVE_WITH_EVENT), because on a shared
+gets one statement for all three (pg_driver.SAVE_WITH_EVENT, or SAVE_NEW_JOB for a job
+not stored yet), because on a shared
 collector the per-statement cost is most of what a lifecycle PUT costs, and takes no
 lock beyond the job's and its count rows', so writers of different jobs commit together.
 """
@@ -47,10 +48,10 @@ def save(
     the COMMIT in the same round trip (pg_driver.execute_and_commit); SQLite leaves it to
     the caller as usual. ``credential`` names who wrote it, on the event.
     """
-    if original is None:
-        row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
     if is_postgres(conn):
         return _save_postgres(conn, row, original, before, created_at, commit, credential)
+    if original is None:
+        row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
     return _save_sqlite(conn, row, original, before, created_at, credential)
 
 
@@ -71,9 +72,8 @@ def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, befor
     moved = old_key != new_key
     params = {
         **pg_driver.row_params(row),
-        "pk": row["id"],
-        "changed": original is not None and row != original,
         "created_at": created_at,
+        "credential": credential,
         # Zero deltas are filtered out: a new row has no old count, an unmoved one neither.
         "old_cluster": (old_key or new_key)[0],
         "old_status": (old_key or new_key)[1],
@@ -84,11 +84,16 @@ def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, befor
         "stripe": random.randrange(counts.STRIPES),
     }
     execute = pg_driver.execute_and_commit if commit else pg_driver.execute
-    triple = (row["status"], row["stage"], row["message"])
-    if before == triple:
+    if original is None:
+        # A new row always has an event (there is no "before"), sent with the row itself.
+        (event,) = execute(conn, pg_driver.SAVE_NEW_JOB, params)
+        row["id"] = event["job_pk"]
+        return events.record(row, event["id"], created_at, credential)
+    params.update(pk=row["id"], changed=row != original)
+    if before == (row["status"], row["stage"], row["message"]):
         execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
         return None
-    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, {**params, "credential": credential})
+    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, params)
     return events.record(row, event["id"], created_at, credential)
 
 
