@@ -222,7 +222,7 @@ def test_a_new_job_is_two_round_trips_with_its_row_event_and_count(watched, post
         payload: Any = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=now, cluster=cluster)
         result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                      lambda conn: job_store.submit(conn, payload, credential="tok-a"))
-        expected = ("submitted", None, None, False)
+        expected: tuple[str, str | None, str | None, bool] = ("submitted", None, None, False)
     else:
         payload = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
                                    updated_at=now, metadata={"cluster": cluster})
