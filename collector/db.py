@@ -51,8 +51,11 @@ def make_engine(settings: Settings) -> Engine:
         # that died with a database restart fails its first statement instead, and
         # ``Database.run`` replays the whole transaction once on a fresh connection.
         pool_recycle=3600,
-        # Fail a readiness probe in seconds, not after the kernel's TCP timeout.
-        connect_args={"connect_timeout": 5},
+        # Fail a readiness probe in seconds, not after the kernel's TCP timeout. No
+        # automatic preparation by psycopg: once it has prepared anything, every rollback
+        # sends DEALLOCATE ALL, which would also drop the write path's own prepared
+        # statements (store/pg_driver.py) behind its back.
+        connect_args={"connect_timeout": 5, "prepare_threshold": None},
     )
     event.listen(engine, "handle_error", _mark_dead_connections)
     return engine
@@ -103,8 +106,8 @@ class Database:
     def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``work`` in one transaction and commit it; replay once if the connection had died.
 
-        "Died" covers every statement of the transaction, the pipelined ones of
-        store/pg_driver.py and the COMMIT included. A connection that died at COMMIT may
+        "Died" covers every statement of the transaction, the ones store/pg_driver.py
+        sends through libpq and the COMMIT included. A connection that died at COMMIT may
         have committed; replaying is still safe because every write is idempotent (the
         same request again changes nothing the first one did not; tests/test_db.py).
         Core connections, not ORM sessions: store functions work on rows, and a session

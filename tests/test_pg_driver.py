@@ -1,8 +1,9 @@
-"""The PostgreSQL write path commits through psycopg inside SQLAlchemy's transaction.
+"""The PostgreSQL write path runs through libpq inside SQLAlchemy's transaction.
 
-``pg_driver.execute_and_commit`` sends the last statement and COMMIT in one pipeline on
+``pg_driver.execute_and_commit`` sends the last statement and COMMIT in one query on
 the DBAPI connection SQLAlchemy holds; SQLAlchemy's own commit afterwards must find the
 transaction closed and send nothing, and the connection must go back to the pool idle.
+Its statements are prepared once per connection, whatever happened to the first use.
 This relies on how SQLAlchemy and psycopg behave, not on anything they document: these
 tests fail if a release of either changes it.
 """
@@ -89,8 +90,9 @@ def assert_closed_cleanly(watched: Watched, postgres) -> None:
     assert watched.status_at_checkin == [TransactionStatus.IDLE]
     (pid,) = watched.pids
     state, query, xid = backend(postgres, pid)
-    # The last statement the server ran on it is the pipelined COMMIT: nothing followed.
-    assert (state, query.strip().upper(), xid) == ("idle", "COMMIT", None)
+    # The last query the server ran on it was the write path's own (its text may be cut
+    # short there): anything SQLAlchemy or the pool sent after it would be a bare statement.
+    assert (state, query.split(" ", 1)[0], xid) in {("idle", word, None) for word in ("BEGIN;", "PREPARE", "EXECUTE")}
 
 
 def test_a_work_ending_in_execute_and_commit_commits_once_and_returns_the_connection_idle(watched, postgres):
@@ -101,9 +103,10 @@ def test_a_work_ending_in_execute_and_commit_commits_once_and_returns_the_connec
         # A statement through SQLAlchemy opens its transaction; the driver's statement joins it.
         conn.execute(text("INSERT INTO job_counts (cluster, status, jobs) VALUES (:c, 'submitted', 1)"), {"c": cluster})
         watched.status_in_work.append(driver.info.transaction_status)
-        return pg_driver.execute_and_commit(
-            conn, "INSERT INTO job_counts (cluster, status, jobs) VALUES (%(c)s, 'running', 2) RETURNING jobs",
-            {"c": cluster})
+        return pg_driver.execute_and_commit(conn, pg_driver.statement(
+            "collector_test_insert",
+            "INSERT INTO job_counts (cluster, status, jobs) VALUES (%(c)s, 'running', %(jobs)s::int) RETURNING jobs",
+        ), {"c": cluster, "jobs": 2})
 
     assert watched.database.run(work, write=True) == [{"jobs": 2}]
 
@@ -140,7 +143,7 @@ def test_the_watch_sees_a_commit_sent_after_the_transaction_ended(watched, postg
 
     def work(conn: Connection) -> None:
         driver = watched.watch(conn)
-        pg_driver.execute_and_commit(conn, "SELECT 1", {})
+        pg_driver.execute_and_commit(conn, pg_driver.statement("collector_test_select", "SELECT 1"), {})
         # Straight to libpq: psycopg's own execute would first open a new transaction.
         driver.pgconn.exec_(b"COMMIT")
 
@@ -149,30 +152,36 @@ def test_the_watch_sees_a_commit_sent_after_the_transaction_ended(watched, postg
     assert watched.notices == ["WARNING: there is no transaction in progress"]
 
 
-def client_waits(trace: str) -> list[str]:
-    """The messages after which a traced client waited for the server: one per round trip.
+def client_waits(trace: str) -> list[list[str]]:
+    """What a traced client sent before each wait for the server: one list per round trip.
 
     In libpq's trace (F: frontend, B: backend) a round trip is a run of frontend
-    messages followed by the server's answers.
+    messages followed by the server's answers. A simple-protocol query appears as the
+    first word of each of its statements (BEGIN, PREPARE, EXECUTE, COMMIT).
     """
-    waits, sent = [], []
+    waits: list[list[str]] = []
+    sent: list[str] = []
     for line in trace.splitlines():
-        direction, _, message = line.split("\t")[:3]
+        direction, _, message, *payload = line.split("\t")
         if direction == "F":
-            sent.append(message.split(" ")[0])
+            kind = message.split(" ")[0]
+            if kind == "Query":
+                text_sent = payload[0].strip().strip('"')
+                sent.extend(statement.split()[0] for statement in text_sent.split("; "))
+            else:
+                sent.append(kind)
         elif sent:
-            waits.append("+".join(sent))
+            waits.append(sent)
             sent = []
     return waits
 
 
-# BEGIN, the lock and the read; then the write and COMMIT. (psycopg alone would wait for
-# its BEGIN, and sync once more after a pipelined commit(): four. A new job's row went
-# through SQLAlchemy between the two: three.)
-TWO_ROUND_TRIPS = [
-    ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
-    ["Parse", "Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync", "Flush"],
-]
+# BEGIN, the lock and the read; then the write and COMMIT; each statement prepared on the
+# connection's first use of it. (psycopg alone would wait for its BEGIN, and sync once
+# more after a pipelined commit(): four. A new job's row went through SQLAlchemy between
+# the two: three.)
+TWO_ROUND_TRIPS = [["BEGIN", "PREPARE", "EXECUTE"], ["PREPARE", "EXECUTE", "COMMIT"]]
+PREPARED_TWO_ROUND_TRIPS = [["BEGIN", "EXECUTE"], ["EXECUTE", "COMMIT"]]
 
 
 def traced_waits(watched: Watched, trace_path, write) -> tuple[Any, list[list[str]]]:
@@ -191,7 +200,7 @@ def traced_waits(watched: Watched, trace_path, write) -> tuple[Any, list[list[st
                 driver.pgconn.untrace()
 
     result = watched.database.run(work, write=True)
-    return result, [wait.split("+") for wait in client_waits(trace_path.read_text())]
+    return result, client_waits(trace_path.read_text())
 
 
 def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
@@ -207,10 +216,16 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
 
     assert (result.status, result.event is not None) == ("workers", True)
     assert watched.status_in_work == [TransactionStatus.IDLE]
-    assert waits == TWO_ROUND_TRIPS, waits
-    # Both units of work (the POST's too) went back to the pool idle, with no stray COMMIT.
-    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 2
-    assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "workers"
+    # The POST before it, on the same connection, prepared the lock and read.
+    assert waits == [PREPARED_TWO_ROUND_TRIPS[0], TWO_ROUND_TRIPS[1]], waits
+    put = put.model_copy(update={"status": JobStatus.BENCHMARK, "stage": JobStage.BENCHMARK})
+    result, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                                 lambda conn: job_store.update(conn, job_id, put, cluster="pg-driver"))
+    assert result.status == "benchmark"
+    assert waits == PREPARED_TWO_ROUND_TRIPS, waits
+    # Every unit of work (the POST's too) went back to the pool idle, with no stray COMMIT.
+    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 3
+    assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "benchmark"
 
 
 @pytest.mark.parametrize("first_write", ["post", "put"])
@@ -242,10 +257,12 @@ def test_a_new_job_is_two_round_trips_with_its_row_event_and_count(watched, post
     assert postgres.count_of(cluster, expected[0]) == 1
 
 
-def test_a_failed_first_pipeline_leaves_the_connection_opening_its_own_transactions(watched, postgres):
-    # The lock-and-read pipeline runs with psycopg's autocommit on; a statement error that
-    # leaves the connection alive (here a statement timeout while another session holds the
-    # job's lock) must not send it back to the pool with autocommit still on.
+def test_a_failed_first_use_leaves_the_statement_prepared_and_the_connection_opening_its_own_transactions(
+        watched, postgres, tmp_path):
+    # The first use sends BEGIN; PREPARE; EXECUTE. When the EXECUTE fails and the connection
+    # lives on (here a statement timeout while another session holds the job's lock), the
+    # PREPARE stands (it is not transactional): preparing again would fail ("already
+    # exists"), and a half-opened transaction must not leak into the next unit of work.
     job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
     watched.database.run(lambda conn: conn.execute(text("SET statement_timeout = '200ms'")))
     holder = psycopg.connect(postgres.url.replace("postgresql+psycopg://", "postgresql://"))
@@ -263,6 +280,10 @@ def test_a_failed_first_pipeline_leaves_the_connection_opening_its_own_transacti
     finally:
         holder.close()
 
+    rows, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                               lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id))
+    assert (rows, waits) == ([], [["BEGIN", "EXECUTE"]])
+
     def half_done(conn: Connection) -> None:
         driver = watched.watch(conn)
         assert driver.autocommit is False
@@ -274,3 +295,40 @@ def test_a_failed_first_pipeline_leaves_the_connection_opening_its_own_transacti
     # Same connection (pool of one), and the insert was rolled back with its transaction.
     assert len(watched.pids) == 1
     assert postgres.scalar("SELECT count(*) FROM job_counts WHERE cluster = :c", c=job_id) == 0
+
+
+def test_a_replacement_connection_prepares_the_statements_again(watched, postgres, tmp_path):
+    # A terminated backend takes its prepared statements with it: the unit of work replays
+    # on a new connection (db.Database.run), which must prepare before it executes.
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    _, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                            lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id))
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE"]]
+    (first,) = watched.pids
+    assert postgres.scalar("SELECT pg_terminate_backend(:pid)", pid=first) is True
+
+    rows, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                               lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id))
+
+    assert rows == [] and len(watched.pids) == 2
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE"]], waits
+
+
+def test_the_statements_survive_rollbacks_after_many_reads(watched, postgres):
+    # psycopg prepares a query by itself after a few runs, and from then on sends
+    # DEALLOCATE ALL with every rollback: our statements would go too, and the next write
+    # on the connection would fail ("prepared statement ... does not exist").
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    read = text("SELECT count(*) FROM jobs WHERE job_id = :j")
+    watched.database.run(lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id))
+    for _ in range(10):
+        watched.database.run(lambda conn: conn.execute(read, {"j": job_id}).scalar_one())
+
+    def rolled_back(conn: Connection) -> None:
+        conn.execute(read, {"j": job_id})
+        raise RuntimeError("the unit of work fails")
+
+    with pytest.raises(RuntimeError):
+        watched.database.run(rolled_back)
+
+    assert watched.database.run(lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)) == []

@@ -1,24 +1,34 @@
-"""The PostgreSQL write path's statements, run on the driver connection itself.
+"""The PostgreSQL write path's statements, sent to libpq on the driver connection itself.
 
-A lifecycle PUT is dominated by per-statement overhead, and on this path SQLAlchemy's
-share of it (compilation lookup, bind and result processing) was larger than the
-driver's. These statements are fixed text, so they skip it: they run through psycopg on
-the very DBAPI connection, inside the transaction SQLAlchemy opened (docs/performance.md
-has the figures). Everything else, and all of SQLite, goes through SQLAlchemy.
+A lifecycle PUT is dominated by per-statement overhead, not by what the server does. On
+this path SQLAlchemy's share of it (compilation lookup, bind and result processing) was
+larger than the driver's, and psycopg's cursors and pipeline mode then cost more
+instructions than our own request handling (docs/performance.md has the figures). These
+statements are fixed text, so a write sends each round trip as one simple-protocol query
+straight through the connection's libpq handle: the values bound in as literals by
+psycopg's own adapters, the write statements prepared once per connection and run by
+name (``EXECUTE``), the results loaded by psycopg's own loaders. They run inside the
+transaction SQLAlchemy holds on that connection, or open it (``BEGIN`` in the same
+query) when it has not sent anything yet. Everything else, and all of SQLite, goes
+through SQLAlchemy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from typing import cast
 
 import psycopg
 import psycopg.errors
+from psycopg import generators
 from psycopg import pq
-from psycopg.rows import dict_row
+from psycopg.adapt import Transformer
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -34,10 +44,40 @@ _MUTABLE = [name for name in _COLUMNS if name != "id"]
 _TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime))
 _JSON = frozenset(c.name for c in JOBS.c if c.type is JSONDocument)
 
-LOCK_JOB_ID = "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(job_id)s))"
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A fixed statement, prepared on each connection at its first use and then run by name."""
+
+    name: str
+    text: str  # as written, with %(name)s parameters: what an error reports
+    parameters: tuple[str, ...]  # the named parameters, in $1, $2, ... order
+    prepare: bytes
+    execute: bytes  # b"EXECUTE name": the arguments follow in parentheses, if any
+
+
+def statement(name: str, sql: str) -> Statement:
+    """``sql`` (with ``%(name)s`` parameters) as a statement prepared under ``name``."""
+    parameters: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in parameters:
+            parameters.append(match[1])
+        return f"${parameters.index(match[1]) + 1}"
+
+    body = _PARAMETER.sub(number, sql)
+    return Statement(name, sql, tuple(parameters), f"PREPARE {name} AS {body}".encode(), f"EXECUTE {name}".encode())
+
+
+LOCK_JOB_ID = statement("collector_lock_job_id", "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(job_id)s))")
 # The lock, then the rows, in one statement (revision 0009): the function's SELECT takes
 # its snapshot once the lock is held, so it sees whatever the previous holder committed.
-LOCKED_ROWS_OF_JOB_ID = f"SELECT {', '.join(_COLUMNS)} FROM collector_locked_rows(%(namespace)s, %(job_id)s)"
+LOCKED_ROWS_OF_JOB_ID = statement(
+    "collector_locked_rows",
+    f"SELECT {', '.join(_COLUMNS)} FROM collector_locked_rows(%(namespace)s, %(job_id)s)",
+)
 
 _UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".format(
     ", ".join(f'"{name}" = %({name})s' for name in _MUTABLE)
@@ -61,18 +101,18 @@ _COUNTED = (
 # the commit and serialise every writer again; each process's stream hub announces its
 # writes after they commit instead, collector/fanout.py.)
 EVENT_CHANNEL = "collector_events"
-SAVE_WITH_EVENT = (
+SAVE_WITH_EVENT = statement("collector_save_with_event", (
     f"WITH {_UPDATED}, "
     "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
     "VALUES (%(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s) RETURNING id), "
     + _COUNTED
     + " SELECT id FROM event"
-)
-SAVE_WITHOUT_EVENT = f"WITH {_UPDATED}, " + _COUNTED + " SELECT NULL"
+))
+SAVE_WITHOUT_EVENT = statement("collector_save_without_event", f"WITH {_UPDATED}, " + _COUNTED + " SELECT NULL")
 # A new job: its row, its first event and its count in one statement, so a POST that
 # creates a job is two round trips like any other write. The event's job_pk comes from
 # the row inserted in the same statement (RETURNING), and both ids come back.
-SAVE_NEW_JOB = (
+SAVE_NEW_JOB = statement("collector_save_new_job", (
     "WITH inserted AS (INSERT INTO jobs ({}) VALUES ({}) RETURNING id), ".format(
         ", ".join(f'"{name}"' for name in _MUTABLE), ", ".join(f"%({name})s" for name in _MUTABLE)
     )
@@ -81,7 +121,7 @@ SAVE_NEW_JOB = (
     "RETURNING id, job_pk), "
     + _COUNTED
     + " SELECT id, job_pk FROM event"
-)
+))
 
 
 # SQLSTATE classes of a session the server has ended: connection exceptions (08) and
@@ -93,8 +133,8 @@ def kills_connection(exc: BaseException) -> bool:
     """Whether ``exc`` leaves its psycopg connection unusable, so the transaction must move to another.
 
     ``closed``/``broken`` are not enough: when the server terminates a backend, libpq may
-    report the FATAL message (or, in pipeline mode, "cannot exit pipeline mode while
-    busy") before it has seen the socket close, and the connection still looks healthy.
+    report the FATAL message (or, in psycopg's pipeline mode, "cannot exit pipeline mode
+    while busy") before it has seen the socket close, and the connection still looks healthy.
     """
     if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.PipelineAborted):
         return False
@@ -127,58 +167,69 @@ def _driver(conn: Connection, sql: str) -> Iterator[psycopg.Connection[Any]]:
                                   connection_invalidated=dead, dialect=conn.dialect) from exc
 
 
-def execute(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run ``sql`` in the transaction; rows come back as dicts."""
-    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
+# The statements each connection has prepared. Keyed by the psycopg connection itself, so
+# a replacement (after an invalidation, a recycle) starts with none; a PREPARE outlives a
+# rolled back transaction, so nothing ever removes a name.
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
 
 
-def execute_and_commit(conn: Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run the transaction's last statement and its COMMIT in one round trip (pipeline mode).
+def execute(conn: Connection, statement: Statement, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``statement`` in the transaction (opening it if need be); rows come back as dicts."""
+    return _run(conn, statement, params, commit=False)
+
+
+def execute_and_commit(conn: Connection, statement: Statement, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the transaction's last statement and its COMMIT in one round trip.
 
     A writer holds its job's lock and its count rows from the statement to COMMIT. Sent
     separately, the COMMIT waits for this thread to get the GIL back (up to the 5 ms
     switch interval under load) while writers of the same job or count row queue behind
-    it; pipelined, the server commits as soon as the statement is done. SQLAlchemy's own
-    commit that follows finds the transaction closed and sends nothing.
-
-    COMMIT goes as a statement, not through ``driver.commit()``: in a pipeline that syncs
-    at once, and leaving the pipeline then syncs again, a second round trip for nothing.
+    it; sent together, the server commits as soon as the statement is done. SQLAlchemy's
+    own commit that follows finds the transaction closed and sends nothing.
     """
-    with _driver(conn, sql) as driver, driver.cursor(row_factory=dict_row) as cursor, \
-            driver.cursor() as commit:
-        with driver.pipeline():
-            cursor.execute(sql, params)
-            commit.execute(b"COMMIT")
-        # Leaving the pipeline block has waited for both results.
-        return cursor.fetchall() if cursor.description else []
+    return _run(conn, statement, params, commit=True)
 
 
 def locked_job_rows(conn: Connection, namespace: int, job_id: str) -> list[dict[str, Any]]:
-    """Open the transaction, take the job id's lock and read its rows, in one round trip.
+    """Open the transaction, take the job id's lock and read its rows, in one round trip."""
+    return job_rows(execute(conn, LOCKED_ROWS_OF_JOB_ID, {"namespace": namespace, "job_id": job_id}))
 
-    One statement for the lock and the read (psycopg spends more per pipelined statement
-    than the server does on either, docs/performance.md), pipelined behind our own BEGIN:
-    the BEGIN psycopg sends by itself waits for its answer before anything else goes.
-    """
-    with _driver(conn, LOCKED_ROWS_OF_JOB_ID) as driver, driver.cursor() as begin, \
-            driver.cursor(row_factory=dict_row) as rows:
-        opens = driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit
-        if opens:
-            driver.autocommit = True  # psycopg sends no BEGIN of its own: ours goes in the pipeline
-        try:
-            with driver.pipeline():
-                if opens:
-                    begin.execute(b"BEGIN")
-                rows.execute(LOCKED_ROWS_OF_JOB_ID, {"namespace": namespace, "job_id": job_id})
-        finally:
-            if opens:
-                # Inside the transaction the public setter refuses; the flag only says whether
-                # psycopg opens transactions itself, which it must again for the next one.
-                driver._autocommit = False
-        # Leaving the pipeline block has waited for both results.
-        return job_rows(rows.fetchall())
+
+def _run(conn: Connection, statement: Statement, params: dict[str, Any], commit: bool) -> list[dict[str, Any]]:
+    with _driver(conn, statement.text) as driver:
+        tx = Transformer.from_context(driver)
+        # One simple-protocol query: [BEGIN;] [PREPARE ...;] EXECUTE name(literals)[; COMMIT].
+        # psycopg would send a BEGIN of its own and wait for it before anything else goes.
+        parts = []
+        if driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit:
+            parts.append(b"BEGIN")
+        prepared = _prepared.setdefault(driver, set())
+        prepares = statement.name not in prepared
+        if prepares:
+            parts.append(statement.prepare)
+        if statement.parameters:
+            arguments = b", ".join(tx.as_literal(params[name]) for name in statement.parameters)
+            parts.append(statement.execute + b"(" + arguments + b")")
+        else:
+            parts.append(statement.execute)
+        if commit:
+            parts.append(b"COMMIT")
+        with driver.lock:
+            driver.pgconn.send_query(b"; ".join(parts))
+            results = driver.wait(generators.execute(driver.pgconn))
+        if prepares and any(result.command_status == b"PREPARE" for result in results):
+            prepared.add(statement.name)  # even when the EXECUTE after it failed
+        rows = None
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                rows = result
+        if rows is None:
+            return []
+        names = [rows.fname(i).decode() for i in range(rows.nfields)]
+        tx.set_pgresult(rows)
+        return tx.load_rows(0, rows.ntuples, lambda values: dict(zip(names, values, strict=True)))
 
 
 def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
