@@ -54,8 +54,9 @@ def make_engine(settings: Settings) -> Engine:
         # Fail a readiness probe in seconds, not after the kernel's TCP timeout. No
         # automatic preparation by psycopg: once it has prepared anything, every rollback
         # sends DEALLOCATE ALL, which would also drop the write path's own prepared
-        # statements (store/pg_driver.py) behind its back.
-        connect_args={"connect_timeout": 5, "prepare_threshold": None},
+        # statements (store/pg_driver.py) behind its back. UTF-8 whatever the database's
+        # encoding: the write path quotes plain strings itself (pg_driver.literal).
+        connect_args={"connect_timeout": 5, "prepare_threshold": None, "client_encoding": "utf8"},
     )
     event.listen(engine, "handle_error", _mark_dead_connections)
     return engine

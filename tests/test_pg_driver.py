@@ -17,17 +17,22 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import pq
+from psycopg.adapt import Transformer
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
+from sqlalchemy import create_engine
+from sqlalchemy import make_url
 from sqlalchemy import event
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobStage
 from collector.contract import JobStatus
 from collector.contract import JobUpdatePayload
 from collector.db import Database
+from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.store import jobs as job_store
 from collector.store import pg_driver
@@ -332,3 +337,44 @@ def test_the_statements_survive_rollbacks_after_many_reads(watched, postgres):
         watched.database.run(rolled_back)
 
     assert watched.database.run(lambda conn: pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)) == []
+
+
+QUOTED = ["plain", "it's", "''", "'); DROP TABLE jobs; --", "back\\slash", "\\'", "naïve café 😀", "", "$1", "-- x",
+          0, -5, 2**62, None, True, dt.datetime(2025, 1, 26, 10, 40, tzinfo=dt.UTC)]
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_literals_read_back_as_the_values_they_quote(watched, conforming):
+    # The write path quotes plain strings itself (pg_driver.literal): whatever a client
+    # sends must come back unchanged, under either setting of standard_conforming_strings.
+    def work(conn: Connection) -> list[Any]:
+        driver = watched.watch(conn)
+        conn.exec_driver_sql(f"SET LOCAL standard_conforming_strings = {conforming}")
+        tx = Transformer.from_context(driver)
+        return [driver.execute(b"SELECT " + pg_driver.literal(tx, value)).fetchone()[0] for value in QUOTED]
+
+    assert watched.database.run(work) == QUOTED
+
+
+def test_a_latin1_database_stores_what_a_utf8_client_sent(postgres):
+    # The literals are UTF-8 bytes: the collector's connections say so whatever encoding
+    # the database has, or "naïve" would be stored as "naÃ¯ve".
+    name = f"collector_test_latin1_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE \"{name}\" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                          "TEMPLATE template0"))
+    url = make_url(postgres.url).set(database=name).render_as_string(hide_password=False)
+    database = Database(Settings(database_url=url))
+    try:
+        upgrade(url)
+        payload = JobUpdatePayload(status=JobStatus.BENCHMARK, message="naïve café", updated_at=dt.datetime.now(dt.UTC))
+        database.run(lambda conn: job_store.update(conn, "latin1", payload), write=True)
+        stored = database.run(lambda conn: conn.execute(text("SELECT message FROM jobs WHERE job_id = 'latin1'"))
+                              .scalar_one())
+        assert stored == "naïve café"
+    finally:
+        database.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
