@@ -15,12 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
-
-from werkzeug.wsgi import ClosingIterator
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse
@@ -33,23 +31,40 @@ STREAM_SUFFIX = "/stream"
 log = logging.getLogger("collector")
 
 
-class _Slot:
-    """One held slot, given back exactly once, however many paths try."""
+class _Held:
+    """A response body holding a slot: the slot comes back when the server closes it, or once it is dropped.
 
-    __slots__ = ("_semaphore", "_lock", "_held")
+    The server closes the response, but one that fails before it does (werkzeug's
+    development server, when a client resets the connection) would leak the slot for
+    good; when nothing refers to the body any more, ``__del__`` gives it back instead.
+    Neither can run while the other does (``close`` holds a reference), so no lock.
+    """
 
-    def __init__(self, semaphore: threading.BoundedSemaphore) -> None:
-        self._semaphore = semaphore
-        self._lock = threading.Lock()
-        self._held = True
+    __slots__ = ("_body", "_semaphore")
 
-    def release(self) -> None:
-        """Give the slot back (a second call does nothing)."""
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._semaphore.release()
+    def __init__(self, body: Iterable[bytes], semaphore: threading.BoundedSemaphore) -> None:
+        self._body = body
+        self._semaphore: threading.BoundedSemaphore | None = semaphore
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        """Close the app's body, then give the slot back."""
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        semaphore, self._semaphore = self._semaphore, None
+        if semaphore is not None:
+            semaphore.release()
+
+    def __del__(self) -> None:
+        self._release()
 
 
 class Admission:
@@ -69,18 +84,12 @@ class Admission:
             return self.app(environ, start_response)
         if not self._slots.acquire(timeout=self.queue_timeout_s):
             return self._shed(environ, start_response)
-        slot = _Slot(self._slots)
         try:
             body = self.app(environ, start_response)
         except BaseException:
-            slot.release()
+            self._slots.release()
             raise
-        closing = ClosingIterator(body, slot.release)
-        # The server closes the response, but a server that fails before it does (werkzeug's
-        # development server, when a client resets the connection) would leak the slot for
-        # good; once nothing refers to the response any more, the slot comes back anyway.
-        weakref.finalize(closing, slot.release)
-        return closing
+        return _Held(body, self._slots)
 
     def _shed(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self._on_shed is not None:

@@ -178,14 +178,25 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
     )
 
 
+# Each (route, method, status)'s counter and histogram, found once: labels() checks and
+# converts its values and takes a lock on every call. Bounded as the labels are.
+_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+
 def _observe(response: Response) -> Response:
-    rule = request.url_rule
+    rule, method = request.url_rule, request.method
     # The rule's template (/api/jobs/<job_id>), never the path: the label set stays bounded.
-    route = rule.rule if rule is not None else UNMATCHED
-    method = request.method if request.method in _METHODS else "other"
-    REQUESTS.labels(route, method, str(response.status_code)).inc()
+    key = (rule.rule if rule is not None else UNMATCHED, method if method in _METHODS else "other",
+           response.status_code)
+    children = _children.get(key)
+    if children is None:
+        route, method, status = key
+        children = _children.setdefault(key, (REQUESTS.labels(route, method, str(status)),
+                                              DURATION.labels(route, method)))
+    requests, duration = children
+    requests.inc()
     # The guard's start (its first hook), so this and the access log's time agree.
-    DURATION.labels(route, method).observe(time.perf_counter() - g.get("started", time.perf_counter()))
+    duration.observe(time.perf_counter() - g.get("started", time.perf_counter()))
     return response
 
 

@@ -11,7 +11,7 @@ from flask import request
 from pydantic import BaseModel
 from pydantic import TypeAdapter
 from pydantic import ValidationError
-from werkzeug.exceptions import ClientDisconnected
+from werkzeug.sansio.utils import get_content_length
 
 from collector import guard
 from collector.contract import NUL_FREE
@@ -53,20 +53,26 @@ def writer() -> str | None:
 
 def read_body() -> bytes:
     """The whole request body: 413 past the limit, 400 if it arrived short of its length."""
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
-    # Only a chunked body: without Content-Length or chunking there is no body at all,
-    # and reading the raw input would wait on the socket for bytes that never come.
-    if request.content_length is None and "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+    # Straight from the WSGI input: werkzeug's get_data wraps it in a limiting stream per
+    # request, and the guard has already refused a Content-Length past the limit (413).
+    environ = request.environ
+    length = get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING"))
+    if length is None:
+        # Only a chunked body: without Content-Length or chunking there is no body at all,
+        # and reading the raw input would wait on the socket for bytes that never come.
+        if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return b""
         # A chunked body has no length for the guard to check up front, and werkzeug
         # would cut it at the limit silently: read one byte past it to tell.
-        data: bytes = request.environ["wsgi.input"].read(limit + 1)
+        limit = current_app.config["MAX_CONTENT_LENGTH"]
+        data: bytes = environ["wsgi.input"].read(limit + 1)
         if len(data) > limit:
             raise APIError(f"chunked body exceeds the {limit}-byte limit", status=413)
         return data
-    try:
-        return request.get_data(cache=False)
-    except ClientDisconnected:
-        raise APIError("body ended before its Content-Length; nothing was stored", status=400) from None
+    data = environ["wsgi.input"].read(length) if length else b""
+    if len(data) < length:
+        raise APIError("body ended before its Content-Length; nothing was stored", status=400)
+    return data
 
 
 def parse_body(model: type[M]) -> M:

@@ -26,6 +26,7 @@ from typing import cast
 
 import psycopg
 import psycopg.errors
+from psycopg import abc
 from psycopg import generators
 from psycopg import pq
 from psycopg.adapt import Transformer
@@ -232,7 +233,7 @@ def _run(conn: Connection, statement: Statement, params: dict[str, Any], commit:
         return tx.load_rows(0, rows.ntuples, lambda values: dict(zip(names, values, strict=True)))
 
 
-def literal(tx: Transformer, value: Any) -> bytes:
+def literal(tx: abc.Transformer, value: Any) -> bytes:
     """``value`` as an SQL literal, as psycopg's adapters would write it.
 
     A write binds about thirty values, most of them plain strings, integers and NULLs;
@@ -243,7 +244,8 @@ def literal(tx: Transformer, value: Any) -> bytes:
     """
     kind = type(value)
     if kind is str and "\\" not in value and "\0" not in value:
-        return b"'" + value.replace("'", "''").encode() + b"'"
+        text: str = value
+        return b"'" + text.replace("'", "''").encode() + b"'"
     if value is None:
         return b"NULL"
     if kind is int:
