@@ -21,8 +21,8 @@ from psycopg.adapt import Transformer
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy import create_engine
-from sqlalchemy import make_url
 from sqlalchemy import event
+from sqlalchemy import make_url
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
