@@ -734,3 +734,22 @@ def test_bad_search_or_sort_is_422_naming_the_allowed_values(api, params, field,
     body = response.json()
     assert body["errors"][0]["loc"] == ["query", field]
     assert body["detail"].startswith(f"invalid query: {field}: {message}")
+
+
+def test_non_finite_numbers_are_stored_as_null_and_the_report_is_kept(api):
+    # Python's json.dumps writes NaN and Infinity (a reporter's metrics may hold them); JSON
+    # has no such values and jsonb refuses them, so they are stored as null, never a 500.
+    raw = (b'{"job_id": "nan-job", "job_name": "nan", "submitted_at": "2025-01-26T10:30:00Z",'
+           b' "metadata": {"score": NaN, "ok": 1.5}}')
+    assert api.post("/api/jobs", data=raw, headers={"Content-Type": "application/json"}).status_code == 201
+    raw = (b'{"status": "benchmark", "updated_at": "2025-01-26T10:35:00Z", "message": "kept",'
+           b' "benchmark_results": {"hi": Infinity, "lo": -Infinity, "huge": 1e999, "tiny": -1e999, "ok": 2.5e3},'
+           b' "artifacts": {"nested": [NaN, 1, {"x": NaN}]}}')
+    response = api.put("/api/jobs/nan-job", data=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+
+    job = detail(api, "nan-job")
+    assert (job["status"], job["message"]) == ("benchmark", "kept")
+    assert job["metadata"] == {"score": None, "ok": 1.5}
+    assert job["benchmark_results"] == {"hi": None, "lo": None, "huge": None, "tiny": None, "ok": 2500.0}
+    assert job["artifacts"] == {"nested": [None, 1, {"x": None}]}

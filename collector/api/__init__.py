@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import TypeVar
 
 from flask import Response
@@ -75,11 +76,23 @@ def read_body() -> bytes:
     return data
 
 
+def _finite_or_null(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+# Python's json.dumps, and so a reporter's metrics, writes NaN and Infinity, which JSON has
+# no value for: PostgreSQL's jsonb refuses them (a 500, and the report lost) and SQLite's
+# JSON text reads them back as null. They become null on the way in, on every backend, as
+# does a number too large for a float (1e999), so the rest of the report is kept.
+_JSON = json.JSONDecoder(parse_float=_finite_or_null, parse_constant=lambda _constant: None)
+
+
 def parse_body(model: type[M]) -> M:
     """Decode a JSON object body into ``model``: 400 for bad JSON, 422 for bad fields."""
     raw = read_body()
     try:
-        data = json.loads(raw)
+        data = _JSON.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise APIError(f"body is not valid JSON: {exc}", status=400) from None
     if not isinstance(data, dict):
