@@ -6,8 +6,11 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
+from collector.app import CollectorFlask
+from collector.app import create_app
 from collector.migrations import head_revision
 from collector.migrations import upgrade
+from collector.settings import Settings
 
 
 def test_ready_reports_database_and_revision(api):
@@ -126,3 +129,13 @@ def test_requests_survive_the_database_dropping_every_connection(postgres, serve
     )
     read = server.get("/api/jobs/dbk")
     assert read.status_code == 200 and read.json()["status"] == "frontend"
+
+
+def test_the_apps_coroutine_check_is_kept_per_function_and_capped(tmp_path):
+    # Flask asks, per request, whether each hook and view is a coroutine function; the app
+    # keeps the answer, but never for more functions than a real app registers.
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'c.db'}"))
+    functions = [(lambda: None) for _ in range(CollectorFlask._SYNC_CACHE_LIMIT + 100)]
+    assert [app.ensure_sync(f) for f in functions] == functions
+    assert len(app._sync_cache) == CollectorFlask._SYNC_CACHE_LIMIT  # type: ignore[attr-defined]
+    assert app.ensure_sync(functions[-1]) is functions[-1]

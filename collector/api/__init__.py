@@ -58,19 +58,25 @@ def read_body() -> bytes:
     # request, and the guard has already refused a Content-Length past the limit (413).
     environ = request.environ
     length = get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING"))
+    chunked = length is None and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if not length and not chunked:
+        # Without Content-Length or chunking there is no body at all, and reading the raw
+        # input would wait on the socket for bytes that never come.
+        return b""
+    # A chunked body has no length for the guard to check up front: read one byte past
+    # the limit to tell.
+    limit: int = current_app.config["MAX_CONTENT_LENGTH"]
+    wanted = limit + 1 if length is None else length
+    try:
+        data: bytes = environ["wsgi.input"].read(wanted)
+    except (OSError, ValueError):
+        # The client reset the connection, or the server closed the input: its doing, not
+        # a server error (werkzeug's own stream says ClientDisconnected for the same).
+        raise APIError("body ended before it was complete; nothing was stored", status=400) from None
     if length is None:
-        # Only a chunked body: without Content-Length or chunking there is no body at all,
-        # and reading the raw input would wait on the socket for bytes that never come.
-        if "chunked" not in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-            return b""
-        # A chunked body has no length for the guard to check up front, and werkzeug
-        # would cut it at the limit silently: read one byte past it to tell.
-        limit = current_app.config["MAX_CONTENT_LENGTH"]
-        data: bytes = environ["wsgi.input"].read(limit + 1)
         if len(data) > limit:
             raise APIError(f"chunked body exceeds the {limit}-byte limit", status=413)
         return data
-    data = environ["wsgi.input"].read(length) if length else b""
     if len(data) < length:
         raise APIError("body ended before its Content-Length; nothing was stored", status=400)
     return data
