@@ -22,6 +22,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from collector.settings import Settings
 from collector.store import pg_driver
+from collector.store import sqlite_driver
 
 # Execution option that makes a SQLite transaction take the write lock up front.
 WRITE_OPTION = "collector_write"
@@ -86,8 +87,7 @@ def _tune_sqlite(engine: Engine) -> None:
     def on_begin(connection: Connection) -> None:
         # A deferred transaction that later writes can fail with SQLITE_BUSY without
         # waiting; writers take the lock at BEGIN so they queue on busy_timeout instead.
-        immediate = connection.get_execution_options().get(WRITE_OPTION)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        sqlite_driver.begin(connection, immediate=bool(connection.get_execution_options().get(WRITE_OPTION)))
 
 
 class Database:

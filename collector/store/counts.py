@@ -19,6 +19,7 @@ from sqlalchemy import union_all
 from collector.models import Job
 from collector.models import JobCount
 from collector.models import JobCountStripe
+from collector.store import sqlite_driver
 from collector.store.core import table
 
 COUNTS = table(JobCount)
@@ -49,7 +50,10 @@ def move(conn: Connection, old: Key | None, new: Key | None) -> None:
     # Always in key order: two writers moving jobs between the same pair of rows in
     # opposite directions would otherwise each hold one row and wait for the other.
     for (cluster, status), delta in sorted(changes.items()):
-        conn.execute(_ADD, {"cluster": cluster, "status": status, "delta": delta})
+        if conn.dialect.name == "sqlite":
+            sqlite_driver.add_count(conn, cluster, status, delta)
+        else:
+            conn.execute(_ADD, {"cluster": cluster, "status": status, "delta": delta})
 
 
 def total(conn: Connection, *, status: str | None = None, cluster: str | None = None) -> int:

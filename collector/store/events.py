@@ -6,13 +6,13 @@ import datetime as dt
 
 from sqlalchemy import Connection
 from sqlalchemy import Row
-from sqlalchemy import insert
 from sqlalchemy import select
 
 from collector.contract import JobEventRecord
 from collector.models import Job
 from collector.models import JobEvent
 from collector.store import event_ids
+from collector.store import sqlite_driver
 from collector.store.core import table
 from collector.store.identity import JobRow
 from collector.store.identity import wire_cluster
@@ -47,9 +47,6 @@ def _record(row: _RecordRow) -> JobEventRecord:
 
 
 EVENTS = table(JobEvent)
-# Built once: a statement built per call (``insert().values(...)``) has SQLAlchemy derive
-# its cache key every time, a third of the SQLite write path's statement overhead.
-_APPEND = insert(EVENTS).returning(EVENTS.c.id)
 
 
 def append_if_changed(
@@ -69,7 +66,7 @@ def append_if_changed(
     # order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
     values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at,
                   credential=credential)
-    event_id = conn.execute(_APPEND, values).scalar_one()
+    event_id = sqlite_driver.insert_event(conn, values)
     return record(job, event_id, created_at, credential)
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from collector.models import Job
 from collector.store import pg_driver
+from collector.store import sqlite_driver
 from collector.store.core import table
 from collector.store.errors import Conflict
 from collector.store.errors import NotFound
@@ -66,7 +67,10 @@ def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow
     ``(cluster or '', job_id)``.
     """
     # On SQLite, BEGIN IMMEDIATE already made this the only writer.
-    rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id) if is_postgres(conn) else _rows(conn, job_id)
+    if is_postgres(conn):
+        rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)
+    else:
+        rows = sqlite_driver.job_rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)

@@ -13,22 +13,16 @@ import datetime as dt
 import random
 
 from sqlalchemy import Connection
-from sqlalchemy import bindparam
-from sqlalchemy import insert
-from sqlalchemy import update
 
 from collector.contract import JobEventRecord
 from collector.store import counts
 from collector.store import events
 from collector.store import pg_driver
-from collector.store.identity import JOBS
+from collector.store import sqlite_driver
 from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
 
 Triple = tuple[str, str | None, str | None]
-
-_INSERT_JOB = insert(JOBS).returning(JOBS.c.id)
-_UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("pk"))
 
 
 def save(
@@ -51,7 +45,7 @@ def save(
     if is_postgres(conn):
         return _save_postgres(conn, row, original, before, created_at, commit, credential)
     if original is None:
-        row["id"] = conn.execute(_INSERT_JOB, row).scalar_one()
+        row["id"] = sqlite_driver.insert_job(conn, row)
     return _save_sqlite(conn, row, original, before, created_at, credential)
 
 
@@ -60,7 +54,7 @@ def _save_sqlite(conn: Connection, row: JobRow, original: JobRow | None, before:
     if original is not None:
         changes = {key: value for key, value in row.items() if value != original[key]}
         if changes:
-            conn.execute(_UPDATE_JOB, {"pk": row["id"], **changes})
+            sqlite_driver.update_job(conn, row["id"], changes)
     event = events.append_if_changed(conn, row, before, created_at, credential)
     counts.move(conn, _count_key(original), _count_key(row))
     return event
