@@ -180,7 +180,9 @@ def test_a_busy_database_fails_as_sqlalchemys_operational_error(database: Databa
         try:
             with database.engine.connect() as conn:
                 # Fail at once instead of waiting out the server's busy_timeout.
-                conn.connection.driver_connection.execute("PRAGMA busy_timeout=0")
+                driver = conn.connection.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                driver.execute("PRAGMA busy_timeout=0")
                 with pytest.raises(OperationalError, match=r"database is locked[\s\S]*BEGIN IMMEDIATE"):
                     sqlite_driver.begin(conn, immediate=True)
         finally:
