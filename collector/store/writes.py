@@ -1,10 +1,11 @@
 """Persisting a job write: the row, its event and its count, in as few round trips as we can.
 
-SQLite runs them as separate statements (one writer at a time, no network). PostgreSQL
-gets one statement for all three (pg_driver.SAVE_WITH_EVENT, or SAVE_NEW_JOB for a job
-not stored yet), because on a shared
-collector the per-statement cost is most of what a lifecycle PUT costs, and takes no
-lock beyond the job's and its count rows', so writers of different jobs commit together.
+SQLite runs them as separate statements (one writer at a time, no network), handed to
+the sqlite3 connection itself (store/sqlite_driver.py). PostgreSQL gets one statement
+for all three (pg_driver.SAVE_WITH_EVENT, or SAVE_NEW_JOB for a job not stored yet),
+because on a shared collector the per-statement cost is most of what a lifecycle PUT
+costs, and takes no lock beyond the job's and its count rows', so writers of different
+jobs commit together.
 """
 
 from __future__ import annotations
