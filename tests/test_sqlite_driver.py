@@ -25,6 +25,7 @@ from sqlalchemy.exc import OperationalError
 from collector.db import Database
 from collector.migrations import upgrade
 from collector.settings import Settings
+from collector.store import counts
 from collector.store import sqlite_driver
 from collector.store.events import EVENTS
 from collector.store.identity import JOBS
@@ -130,14 +131,18 @@ def test_an_event_is_stored_as_sqlalchemy_would(database: Database) -> None:
     assert _stored(database, "job_events", "id", mine)[1:] == _stored(database, "job_events", "id", theirs)[1:]
 
 
-def test_counts_add_up_and_come_back_down(database: Database) -> None:
+def test_counts_move_through_the_driver(database: Database) -> None:
     def move(conn: Connection) -> None:
-        sqlite_driver.add_count(conn, "b200", "running", 1)
-        sqlite_driver.add_count(conn, "b200", "running", 1)
-        sqlite_driver.add_count(conn, "b200", "running", -1)
+        counts.move(conn, None, ("b200", "running"))
+        counts.move(conn, None, ("b200", "running"))
+        counts.move(conn, ("b200", "running"), ("b200", "failed"))
 
     database.run(move, write=True)
-    assert _stored(database, "job_counts", "cluster", "b200") == ("b200", "running", 1)
+    path = database.engine.url.database
+    assert path is not None
+    with sqlite3.connect(path) as raw:
+        stored = raw.execute("SELECT cluster, status, jobs FROM job_counts ORDER BY status").fetchall()
+    assert stored == [("b200", "failed", 1), ("b200", "running", 1)]
 
 
 def test_errors_are_raised_as_sqlalchemys_with_the_statement(database: Database) -> None:

@@ -21,6 +21,7 @@ from collector.models import JobCount
 from collector.models import JobCountStripe
 from collector.store import sqlite_driver
 from collector.store.core import table
+from collector.store.identity import is_postgres
 
 COUNTS = table(JobCount)
 STRIPED = table(JobCountStripe)
@@ -36,10 +37,11 @@ ALL_COUNTS = union_all(
 
 Key = tuple[str, str]
 
-_ADD = text(
+_ADD_SQL = (
     "INSERT INTO job_counts (cluster, status, jobs) VALUES (:cluster, :status, :delta) "
     "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs"
 )
+_ADD = text(_ADD_SQL)
 
 
 def move(conn: Connection, old: Key | None, new: Key | None) -> None:
@@ -50,10 +52,11 @@ def move(conn: Connection, old: Key | None, new: Key | None) -> None:
     # Always in key order: two writers moving jobs between the same pair of rows in
     # opposite directions would otherwise each hold one row and wait for the other.
     for (cluster, status), delta in sorted(changes.items()):
-        if conn.dialect.name == "sqlite":
-            sqlite_driver.add_count(conn, cluster, status, delta)
+        params = {"cluster": cluster, "status": status, "delta": delta}
+        if is_postgres(conn):
+            conn.execute(_ADD, params)
         else:
-            conn.execute(_ADD, {"cluster": cluster, "status": status, "delta": delta})
+            sqlite_driver.execute(conn, _ADD_SQL, params)
 
 
 def total(conn: Connection, *, status: str | None = None, cluster: str | None = None) -> int:

@@ -48,7 +48,9 @@ def lock_job_id(conn: Connection, job_id: str) -> None:
 
 
 def _rows(conn: Connection, job_id: str) -> list[JobRow]:
-    return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
+    if is_postgres(conn):
+        return [dict(row) for row in conn.execute(_ROWS_OF_JOB_ID, {"job_id": job_id}).mappings()]
+    return sqlite_driver.job_rows(conn, job_id)
 
 
 def _ambiguous(job_id: str, rows: list[JobRow], how: str) -> Conflict:
@@ -67,10 +69,7 @@ def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow
     ``(cluster or '', job_id)``.
     """
     # On SQLite, BEGIN IMMEDIATE already made this the only writer.
-    if is_postgres(conn):
-        rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id)
-    else:
-        rows = sqlite_driver.job_rows(conn, job_id)
+    rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id) if is_postgres(conn) else _rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)

@@ -1,14 +1,14 @@
 """The SQLite write path's statements, run on the transaction's sqlite3 connection itself.
 
 A write on SQLite is five short statements (BEGIN IMMEDIATE, the job's rows, the row,
-its event, its count), each of which SQLite runs in a few microseconds; through
-SQLAlchemy Core each one cost tens more in execution machinery (events, the compiled
-cache, bind and result setup), most of what a POST to ``collector serve`` cost
-(docs/performance.md). These statements are fixed text handed to the sqlite3
-connection SQLAlchemy holds for the transaction. Values go through the very type
-processors SQLAlchemy's SQLite dialect uses, so timestamps, JSON and booleans are
-stored exactly as its own statements store them and read back the same way; errors are
-raised as SQLAlchemy's. Everything else goes through SQLAlchemy as usual.
+its event, its count, the last one store/counts.py's own text through ``execute``), each
+of which SQLite runs in a few microseconds; through SQLAlchemy Core each one cost tens
+more in execution machinery (events, the compiled cache, bind and result setup), most
+of what a POST to ``collector serve`` cost (docs/performance.md). These statements are
+fixed text handed to the sqlite3 connection SQLAlchemy holds for the transaction. Values
+go through the very type processors SQLAlchemy's SQLite dialect uses, so timestamps,
+JSON and booleans are stored exactly as its own statements store them and read back the
+same way; errors are raised as SQLAlchemy's. Everything else goes through SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -65,10 +65,6 @@ _INSERT_JOB = f"INSERT INTO jobs ({', '.join(_INSERTED)}) VALUES ({', '.join('?'
 _INSERT_JOB_BINDS = _binds(JOBS, _INSERTED)
 _INSERT_EVENT = f"INSERT INTO job_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(_EVENT_COLUMNS))})"
 _INSERT_EVENT_BINDS = _binds(EVENTS, _EVENT_COLUMNS)
-_ADD_COUNT = (
-    "INSERT INTO job_counts (cluster, status, jobs) VALUES (?, ?, ?) "
-    "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + excluded.jobs"
-)
 
 
 @contextlib.contextmanager
@@ -131,7 +127,7 @@ def insert_event(conn: Connection, values: dict[str, Any]) -> int:
     return event_id
 
 
-def add_count(conn: Connection, cluster: str, status: str, delta: int) -> None:
-    """Add ``delta`` to the count of jobs in ``status`` on ``cluster``."""
-    with _driver(conn, _ADD_COUNT) as driver:
-        driver.execute(_ADD_COUNT, (cluster, status, delta))
+def execute(conn: Connection, sql: str, params: dict[str, Any]) -> None:
+    """Run ``sql`` (``:name`` parameters, values needing no type processing) in the transaction."""
+    with _driver(conn, sql) as driver:
+        driver.execute(sql, params)
