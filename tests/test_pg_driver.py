@@ -35,6 +35,7 @@ from collector.db import Database
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.store import jobs as job_store
+from collector.store import logs as log_store
 from collector.store import pg_driver
 from collector.store.identity import JOB_LOCK
 
@@ -378,3 +379,66 @@ def test_a_latin1_database_stores_what_a_utf8_client_sent(postgres):
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+# An upload at the end of a log: the lock and the job's rows, then the file row with the
+# chunks it overlaps, then the file row and the chunk with COMMIT in one pipeline (the
+# extended protocol: Parse on first use, Bind/Describe/Execute, the COMMIT's own, one Sync).
+UPLOAD_EXTENDED = ["Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync"]
+
+
+def test_a_log_upload_is_three_round_trips_and_stores_its_bytes_as_sent(watched, postgres, tmp_path):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    now = dt.datetime.now(dt.UTC)
+    watched.database.run(lambda conn: job_store.submit(conn, JobCreatePayload(
+        job_id=job_id, job_name="probe", submitted_at=now, cluster="pg-driver")), write=True)
+    # Every byte value, and the ones a literal would have to escape, sent as binary.
+    data = bytes(range(256)) * 64 + b"\\x00'\0\\"
+
+    def upload(offset: int, final: bool = False):
+        def work(conn: Connection) -> log_store.Appended:
+            job_pk, _, _ = job_store.ensure(conn, job_id, "pg-driver", now)
+            return log_store.append(conn, job_pk, "logs/a.out", offset, data, final=final, now=now, commit=True)
+        return traced_waits(watched, tmp_path / "libpq.trace", work)
+
+    first, waits = upload(0)
+    assert first == log_store.Appended(True, len(data))
+    # The POST before it, on the same connection, prepared the lock and read.
+    assert waits == [["BEGIN", "EXECUTE"], ["PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
+    second, waits = upload(len(data), final=True)
+    assert second == log_store.Appended(True, len(data))
+    assert waits == [["BEGIN", "EXECUTE"], ["EXECUTE"], UPLOAD_EXTENDED], waits
+    # A resend of stored bytes changes nothing and writes nothing (SQLAlchemy commits the
+    # reads once the unit of work returns).
+    resent, waits = upload(0)
+    assert resent == log_store.Appended(False, 0)
+    assert waits == [["BEGIN", "EXECUTE"], ["EXECUTE"]], waits
+
+    assert watched.notices == [] and set(watched.status_at_checkin) == {TransactionStatus.IDLE}
+    stored = watched.database.run(lambda conn: log_store.read(conn, postgres_job_pk(postgres, job_id), "logs/a.out", 0))
+    assert (stored["size"], stored["final"]) == (2 * len(data), True)
+    assert postgres.scalar(
+        "SELECT string_agg(data, ''::bytea ORDER BY start_offset) FROM blob_chunks") == data + data
+
+
+def postgres_job_pk(postgres, job_id: str) -> int:
+    return postgres.scalar("SELECT id FROM jobs WHERE job_id = :j", j=job_id)
+
+
+def test_a_failed_statement_with_bytes_leaves_the_connection_usable(watched, postgres):
+    failing = pg_driver.statement(
+        "collector_test_bytes", "SELECT length(%(data)s::bytea) / (%(n)s::int - 1) AS n")
+
+    def run(n: int):
+        def work(conn: Connection) -> list[dict[str, Any]]:
+            watched.watch(conn)
+            return pg_driver.execute_with_bytes(conn, failing, {"data": b"\0\xff" * 10, "n": n}, commit=True)
+        return watched.database.run(work, write=True)
+
+    with pytest.raises(DBAPIError) as failed:
+        run(1)
+    assert isinstance(failed.value.orig, psycopg.errors.DivisionByZero)
+    assert not failed.value.connection_invalidated
+    # Same connection, statement already prepared, transaction rolled back and reopened.
+    assert run(3) == [{"n": 10}]
+    assert len(watched.pids) == 1 and watched.notices == []

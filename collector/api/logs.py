@@ -56,8 +56,9 @@ def upload_logs(job_id: str) -> Response:
 
     def store(conn: Connection) -> tuple[bool, list[log_store.Appended]]:
         job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential)
-        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now)
-                         for name, offset, data, final in chunks]
+        last = len(chunks) - 1
+        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now, commit=i == last)
+                         for i, (name, offset, data, final) in enumerate(chunks)]
 
     created, appended = transaction(store, write=True)
     # Counted after the commit: a rolled-back upload (a 409) stored nothing.

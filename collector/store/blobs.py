@@ -23,9 +23,11 @@ from sqlalchemy import update
 from collector.contract import MAX_OFFSET
 from collector.models import BlobChunk
 from collector.models import BlobFile
+from collector.store import pg_driver
 from collector.store.core import Run
 from collector.store.core import table
 from collector.store.errors import Unprocessable
+from collector.store.identity import is_postgres
 
 LOG = "log"
 CAPTURE = "capture"
@@ -65,6 +67,34 @@ _INSERT_CHUNK = insert(CHUNKS)
 _UPDATE_FILE = update(FILES).where(FILES.c.id == bindparam("pk"))
 _RECORD_CHECKSUM = update(FILES).where(FILES.c.id == bindparam("pk"), FILES.c.sha256.is_(None))
 
+# PostgreSQL gets an upload's reads and its writes in one round trip each (an upload is
+# latency-bound: the reporter waits for each answer). The reads: the file row with the
+# chunks overlapping [lo, hi) (found as _OVERLAPPING finds them), one row per chunk, or
+# one with null chunk columns when none overlaps.
+_FILE_COLUMNS = [c.name for c in FILES.c]
+_PROGRESS = ("size", "stored_end", "final_size", "done", "updated_at")  # what an upload moves
+FILE_WITH_OVERLAPPING = pg_driver.statement("collector_file_with_overlapping", (
+    "SELECT {}, c.start_offset, c.end_offset, c.data FROM blob_files f LEFT JOIN LATERAL ("
+    "(SELECT start_offset, end_offset, data FROM blob_chunks WHERE file_id = f.id AND start_offset <= %(lo)s "
+    "ORDER BY start_offset DESC LIMIT 1) UNION ALL "
+    "(SELECT start_offset, end_offset, data FROM blob_chunks WHERE file_id = f.id AND start_offset > %(lo)s "
+    "AND start_offset < %(hi)s)) c ON c.end_offset > %(lo)s "
+    "WHERE f.job_pk = %(job_pk)s AND f.kind = %(kind)s AND f.name_key = %(key)s ORDER BY c.start_offset"
+).format(", ".join(f"f.{name}" for name in _FILE_COLUMNS)))
+# The writes: the file row as it now stands (inserted, or updated: the job's lock is
+# held, so nobody else moved it), and the new chunk, if any.
+WRITE_FILE_AND_CHUNK = pg_driver.statement("collector_write_file_and_chunk", (
+    "WITH file AS (INSERT INTO blob_files (job_pk, kind, name, name_key, size, stored_end, total, final_size, done, "
+    "updated_at) VALUES (%(job_pk)s::integer, %(kind)s, %(name)s, %(name_key)s, %(size)s::bigint, "
+    "%(stored_end)s::bigint, %(total)s::bigint, %(final_size)s::bigint, %(done)s::boolean, "
+    "%(updated_at)s::timestamptz) ON CONFLICT (job_pk, kind, name_key) DO UPDATE SET size = excluded.size, "
+    "stored_end = excluded.stored_end, final_size = excluded.final_size, done = excluded.done, "
+    "updated_at = excluded.updated_at RETURNING id), "
+    "chunk AS (INSERT INTO blob_chunks (file_id, start_offset, end_offset, data) "
+    "SELECT id, %(start)s::bigint, %(end)s::bigint, %(data)s::bytea FROM file WHERE %(data)s::bytea IS NOT NULL) "
+    "SELECT id FROM file"
+))
+
 
 def end_of(name: str, offset: int, data: bytes) -> int:
     """Where ``data`` at ``offset`` ends; 422 past the largest offset a BIGINT holds."""
@@ -86,13 +116,55 @@ def find_file(conn: Connection, job_pk: int, kind: str, name: str) -> FileRow | 
     return None if row is None else dict(row)
 
 
+def new_file(job_pk: int, kind: str, name: str, now: dt.datetime, *, total: int | None = None) -> FileRow:
+    """An empty file row, not stored yet (``id`` None): ``create_file`` or ``write`` stores it."""
+    return {"id": None, "job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0,
+            "stored_end": 0, "total": total, "final_size": None, "done": False, "sha256": None, "updated_at": now}
+
+
 def create_file(conn: Connection, job_pk: int, kind: str, name: str, now: dt.datetime, *,
                 total: int | None = None) -> FileRow:
     """Insert an empty file row and return it."""
-    row = {"job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0, "stored_end": 0,
-           "total": total, "final_size": None, "done": False, "sha256": None, "updated_at": now}
-    row["id"] = conn.execute(insert(FILES).returning(FILES.c.id), row).scalar_one()
+    return _insert_file(conn, new_file(job_pk, kind, name, now, total=total))
+
+
+def _insert_file(conn: Connection, row: FileRow) -> FileRow:
+    values = {key: value for key, value in row.items() if key != "id"}
+    row["id"] = conn.execute(insert(FILES).returning(FILES.c.id), values).scalar_one()
     return row
+
+
+def find_with_overlapping(conn: Connection, job_pk: int, kind: str, name: str, lo: int,
+                          hi: int) -> tuple[FileRow | None, list[tuple[int, int, bytes]]]:
+    """The file row of ``name`` (or None) and ``overlapping(lo, hi)`` of it: one round trip on PostgreSQL."""
+    if not is_postgres(conn):
+        file = find_file(conn, job_pk, kind, name)
+        return file, [] if file is None else overlapping(conn, file["id"], lo, hi)
+    rows = pg_driver.execute(conn, FILE_WITH_OVERLAPPING,
+                             {"job_pk": job_pk, "kind": kind, "key": name_key(name), "lo": lo, "hi": hi})
+    if not rows:
+        return None, []
+    file = {name: rows[0][name] for name in _FILE_COLUMNS}
+    return file, [(r["start_offset"], r["end_offset"], r["data"]) for r in rows if r["start_offset"] is not None]
+
+
+def write(conn: Connection, row: FileRow, start: int, data: bytes | None, *, commit: bool = False) -> None:
+    """Store the file row as it stands (inserting it if new) and ``data`` at ``start``, if any.
+
+    The caller has checked that no chunk overlaps the new one. ``commit`` says nothing
+    follows in the transaction: PostgreSQL then commits in the same round trip.
+    """
+    if is_postgres(conn):
+        params = {**row, "start": start, "end": start + len(data or b""), "data": data}
+        (stored,) = pg_driver.execute_with_bytes(conn, WRITE_FILE_AND_CHUNK, params, commit=commit)
+        row["id"] = stored["id"]
+        return
+    if row["id"] is None:
+        _insert_file(conn, row)
+    else:
+        conn.execute(_UPDATE_FILE, {"pk": row["id"], **{name: row[name] for name in _PROGRESS}})
+    if data:
+        insert_chunk(conn, row["id"], start, data)
 
 
 def update_file(conn: Connection, row: FileRow, **changes: Any) -> None:

@@ -34,20 +34,22 @@ class Appended(NamedTuple):
 
 
 def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *, final: bool,
-           now: dt.datetime) -> Appended:
+           now: dt.datetime, commit: bool = False) -> Appended:
     """Store the new bytes of ``data`` at ``offset``; say whether anything changed and how many bytes are new.
 
-    Ranges in the errors are half-open, ``[lo, hi)``.
+    Ranges in the errors are half-open, ``[lo, hi)``. ``commit`` says nothing follows in
+    the transaction (PostgreSQL then commits with the last write, blobs.write).
     """
     end = blobs.end_of(name, offset, data)
-    file = blobs.find_file(conn, job_pk, blobs.LOG, name) or blobs.create_file(conn, job_pk, blobs.LOG, name, now)
+    file, overlapping = blobs.find_with_overlapping(conn, job_pk, blobs.LOG, name, offset, end)
+    file = file or blobs.new_file(job_pk, blobs.LOG, name, now)
     final_size = file["final_size"]
     if final_size is not None and end > final_size:
         raise _range_conflict(name, max(offset, final_size), end,
                               f"lie past the end it was finalized at ({final_size})")
 
     new_ranges, pos, held = [], offset, []
-    for start, stop, stored in blobs.overlapping(conn, file["id"], offset, end):
+    for start, stop, stored in overlapping:
         lo, hi = max(start, offset), min(stop, end)
         if stored[lo - start:hi - start] != data[lo - offset:hi - offset]:
             raise _range_conflict(name, lo, hi, "differ from the bytes already stored there")
@@ -58,28 +60,39 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     if pos < end:
         new_ranges.append((pos, end))
 
-    changes: dict[str, Any] = {}
+    changed = False
     if final and final_size is None:
         if file["stored_end"] > end:
             raise Conflict(f"{name} already holds bytes past offset {end}, where final=1 would end it",
                            file=name)
-        changes.update(final_size=end, done=True)
+        file.update(final_size=end, done=True)
+        changed = True
     elif final and end != final_size:
         raise Conflict(f"{name} was finalized at {final_size} bytes, not {end}", file=name)
-    for lo, hi in new_ranges:
-        blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
+    size, stored_end = file["size"], file["stored_end"]
     if new_ranges:
-        size = file["size"]
         for lo, hi in sorted(new_ranges + held):
             if lo <= size:
                 size = max(size, hi)
-        if size < file["stored_end"]:
-            # This upload may have closed a gap: bytes stored beyond it may now join up.
-            size = blobs.contiguous_end(conn, file["id"], size)
-        changes.update(size=size, stored_end=max(file["stored_end"], end))
-    if changes:
-        blobs.update_file(conn, file, updated_at=now, **changes)
-    return Appended(bool(changes or new_ranges), sum(hi - lo for lo, hi in new_ranges))
+        file["stored_end"] = max(stored_end, end)
+        changed = True
+    new_bytes = sum(hi - lo for lo, hi in new_ranges)
+    if not changed:
+        return Appended(False, 0)
+    file["updated_at"] = now
+    if len(new_ranges) > 1 or (new_ranges and size < stored_end):
+        # Bytes go in around chunks already stored, or this upload may have closed a gap
+        # and bytes stored beyond it may now join up: one statement per piece, in order.
+        for lo, hi in new_ranges:
+            blobs.insert_chunk(conn, file["id"], lo, data[lo - offset:hi - offset])
+        file["size"] = blobs.contiguous_end(conn, file["id"], size)
+        blobs.write(conn, file, end, None, commit=commit)
+        return Appended(True, new_bytes)
+    # The common case, an upload at the end of what is stored: one write.
+    file["size"] = size
+    lo, hi = new_ranges[0] if new_ranges else (end, end)
+    blobs.write(conn, file, lo, data[lo - offset:hi - offset] if new_ranges else None, commit=commit)
+    return Appended(True, new_bytes)
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:

@@ -29,6 +29,7 @@ import psycopg.errors
 from psycopg import abc
 from psycopg import generators
 from psycopg import pq
+from psycopg.adapt import PyFormat
 from psycopg.adapt import Transformer
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
@@ -55,6 +56,7 @@ class Statement:
     name: str
     text: str  # as written, with %(name)s parameters: what an error reports
     parameters: tuple[str, ...]  # the named parameters, in $1, $2, ... order
+    body: bytes  # the text with $1, $2, ... in place of the names
     prepare: bytes
     execute: bytes  # b"EXECUTE name": the arguments follow in parentheses, if any
 
@@ -69,7 +71,8 @@ def statement(name: str, sql: str) -> Statement:
         return f"${parameters.index(match[1]) + 1}"
 
     body = _PARAMETER.sub(number, sql)
-    return Statement(name, sql, tuple(parameters), f"PREPARE {name} AS {body}".encode(), f"EXECUTE {name}".encode())
+    return Statement(name, sql, tuple(parameters), body.encode(), f"PREPARE {name} AS {body}".encode(),
+                     f"EXECUTE {name}".encode())
 
 
 LOCK_JOB_ID = statement("collector_lock_job_id", "SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(job_id)s))")
@@ -226,11 +229,68 @@ def _run(conn: Connection, statement: Statement, params: dict[str, Any], commit:
                 raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
             if result.status == pq.ExecStatus.TUPLES_OK:
                 rows = result
-        if rows is None:
-            return []
-        names = [rows.fname(i).decode() for i in range(rows.nfields)]
-        tx.set_pgresult(rows)
-        return tx.load_rows(0, rows.ntuples, lambda values: dict(zip(names, values, strict=True)))
+        return [] if rows is None else _dicts(tx, rows)
+
+
+def _dicts(tx: abc.Transformer, rows: pq.abc.PGresult) -> list[dict[str, Any]]:
+    # fname is None only past the last column.
+    names = [rows.fname(i).decode() for i in range(rows.nfields)]  # type: ignore[union-attr]
+    tx.set_pgresult(rows)
+    return tx.load_rows(0, rows.ntuples, lambda values: dict(zip(names, values, strict=True)))
+
+
+def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str, Any], *,
+                       commit: bool = False) -> list[dict[str, Any]]:
+    """Like ``execute`` (or ``execute_and_commit``), for a statement that carries bulk bytes.
+
+    As a literal, 256 KiB of log bytes would travel as 512 KiB of hex for the server to
+    lex and decode. Here the values go as separate parameters of the extended protocol,
+    ``bytes`` in binary (as they are) and the rest as text, each statement part of one
+    libpq pipeline: [BEGIN,] [Parse,] the statement [, COMMIT], one Sync, one round trip.
+    """
+    with _driver(conn, statement.text) as driver:
+        tx = Transformer.from_context(driver)
+        values = [params[name] for name in statement.parameters]
+        buffers = tx.dump_sequence(values, [PyFormat.BINARY if type(v) is bytes else PyFormat.TEXT for v in values])
+        prepared = _prepared.setdefault(driver, set())
+        prepares = statement.name not in prepared
+        pgconn, name = driver.pgconn, statement.name.encode()
+        sent = []
+        with driver.lock:
+            pgconn.enter_pipeline_mode()
+            try:
+                if driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit:
+                    pgconn.send_query_params(b"BEGIN", None)
+                    sent.append("BEGIN")
+                if prepares:
+                    pgconn.send_prepare(name, statement.body)
+                    sent.append("PREPARE")
+                pgconn.send_query_prepared(name, buffers, param_formats=tx.formats)
+                sent.append("EXECUTE")
+                if commit:
+                    pgconn.send_query_params(b"COMMIT", None)
+                    sent.append("COMMIT")
+                pgconn.pipeline_sync()
+                driver.wait(generators.send(pgconn))
+                # One list of results per command sent, then the Sync's own.
+                answers = [driver.wait(generators.fetch_many(pgconn)) for _ in sent]
+                driver.wait(generators.fetch_many(pgconn))
+            finally:
+                if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                    # Busy only when the results were not all read, i.e. the connection
+                    # failed; the error raised above says so and invalidates it.
+                    with contextlib.suppress(psycopg.OperationalError):
+                        pgconn.exit_pipeline_mode()
+        rows = None
+        for what, results in zip(sent, answers, strict=True):
+            for result in results:
+                if result.status == pq.ExecStatus.FATAL_ERROR:
+                    raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+                if what == "PREPARE" and result.status == pq.ExecStatus.COMMAND_OK:
+                    prepared.add(statement.name)
+                if what == "EXECUTE" and result.status == pq.ExecStatus.TUPLES_OK:
+                    rows = result
+        return [] if rows is None else _dicts(tx, rows)
 
 
 def literal(tx: abc.Transformer, value: Any) -> bytes:
