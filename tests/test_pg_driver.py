@@ -442,3 +442,21 @@ def test_a_failed_statement_with_bytes_leaves_the_connection_usable(watched, pos
     # Same connection, statement already prepared, transaction rolled back and reopened.
     assert run(3) == [{"n": 10}]
     assert len(watched.pids) == 1 and watched.notices == []
+
+
+def test_a_backend_killed_before_a_statement_with_bytes_is_replayed_on_a_new_connection(watched, postgres):
+    # The pipeline meets a dead socket: the error must say the connection is gone (the
+    # pipeline left busy), so Database.run invalidates it and replays the unit of work.
+    statement = pg_driver.statement("collector_test_bytes_length", "SELECT length(%(data)s::bytea) AS n")
+    attempts: list[int] = []
+
+    def work(conn: Connection) -> list[dict[str, Any]]:
+        driver = watched.watch(conn)
+        attempts.append(driver.info.backend_pid)
+        if len(attempts) == 1:
+            with postgres.engine.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": driver.info.backend_pid})
+        return pg_driver.execute_with_bytes(conn, statement, {"data": b"\0" * 300_000}, commit=True)
+
+    assert watched.database.run(work, write=True) == [{"n": 300_000}]
+    assert len(attempts) == 2 and attempts[0] != attempts[1]
