@@ -37,6 +37,7 @@ from collector.settings import Settings
 from collector.store import jobs as job_store
 from collector.store import logs as log_store
 from collector.store import pg_driver
+from collector.store.errors import Conflict
 from collector.store.identity import JOB_LOCK
 
 
@@ -381,44 +382,84 @@ def test_a_latin1_database_stores_what_a_utf8_client_sent(postgres):
         admin.dispose()
 
 
-# An upload at the end of a log: the lock and the job's rows, then the file row with the
-# chunks it overlaps, then the file row and the chunk with COMMIT in one pipeline (the
-# extended protocol: Parse on first use, Bind/Describe/Execute, the COMMIT's own, one Sync).
+# An upload at the end of a log: the lock, the job's rows and the file row with the chunks
+# it overlaps in one query; then the file row and the chunk with COMMIT in one pipeline
+# (the extended protocol: Parse on first use, Bind/Describe/Execute, the COMMIT's own,
+# one Sync).
 UPLOAD_EXTENDED = ["Bind", "Describe", "Execute", "Parse", "Bind", "Describe", "Execute", "Sync"]
 
 
-def test_a_log_upload_is_three_round_trips_and_stores_its_bytes_as_sent(watched, postgres, tmp_path):
+def traced_upload(watched: Watched, trace_path, job_id: str, cluster: str | None, data: bytes, offset: int, *,
+                  final: bool = False, prefetch: bool = True) -> tuple[Any, list[list[str]]]:
+    """One log upload as api/logs.py runs it (``prefetch=False``: as it runs each chunk of a legacy list)."""
+    now = dt.datetime.now(dt.UTC)
+
+    def work(conn: Connection) -> log_store.Appended:
+        first = log_store.prefetch(job_id, "logs/a.out", offset, data) if prefetch else None
+        job_pk, _, _ = job_store.ensure(conn, job_id, cluster, now, prefetch=first)
+        return log_store.append(conn, job_pk, "logs/a.out", offset, data, final=final, now=now, commit=True,
+                                prefetched=first)
+
+    return traced_waits(watched, trace_path, work)
+
+
+def test_a_log_upload_is_two_round_trips_and_stores_its_bytes_as_sent(watched, postgres, tmp_path):
     job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
     now = dt.datetime.now(dt.UTC)
     watched.database.run(lambda conn: job_store.submit(conn, JobCreatePayload(
         job_id=job_id, job_name="probe", submitted_at=now, cluster="pg-driver")), write=True)
     # Every byte value, and the ones a literal would have to escape, sent as binary.
     data = bytes(range(256)) * 64 + b"\\x00'\0\\"
+    trace = tmp_path / "libpq.trace"
 
-    def upload(offset: int, final: bool = False):
-        def work(conn: Connection) -> log_store.Appended:
-            job_pk, _, _ = job_store.ensure(conn, job_id, "pg-driver", now)
-            return log_store.append(conn, job_pk, "logs/a.out", offset, data, final=final, now=now, commit=True)
-        return traced_waits(watched, tmp_path / "libpq.trace", work)
-
-    first, waits = upload(0)
+    first, waits = traced_upload(watched, trace, job_id, "pg-driver", data, 0)
     assert first == log_store.Appended(True, len(data))
     # The POST before it, on the same connection, prepared the lock and read.
-    assert waits == [["BEGIN", "EXECUTE"], ["PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
-    second, waits = upload(len(data), final=True)
+    assert waits == [["BEGIN", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
+    second, waits = traced_upload(watched, trace, job_id, "pg-driver", data, len(data), final=True)
     assert second == log_store.Appended(True, len(data))
-    assert waits == [["BEGIN", "EXECUTE"], ["EXECUTE"], UPLOAD_EXTENDED], waits
+    assert waits == [["BEGIN", "EXECUTE", "EXECUTE"], UPLOAD_EXTENDED], waits
     # A resend of stored bytes changes nothing and writes nothing (SQLAlchemy commits the
     # reads once the unit of work returns).
-    resent, waits = upload(0)
+    resent, waits = traced_upload(watched, trace, job_id, "pg-driver", data, 0)
     assert resent == log_store.Appended(False, 0)
-    assert waits == [["BEGIN", "EXECUTE"], ["EXECUTE"]], waits
+    assert waits == [["BEGIN", "EXECUTE", "EXECUTE"]], waits
+    # Without the prefetch (each chunk of a legacy JSON list) the file is a round trip of its own.
+    resent, waits = traced_upload(watched, trace, job_id, "pg-driver", data, len(data), final=True, prefetch=False)
+    assert resent == log_store.Appended(False, 0)
+    assert waits == [["BEGIN", "EXECUTE"], ["PREPARE", "EXECUTE"]], waits
 
     assert watched.notices == [] and set(watched.status_at_checkin) == {TransactionStatus.IDLE}
     stored = watched.database.run(lambda conn: log_store.read(conn, postgres_job_pk(postgres, job_id), "logs/a.out", 0))
     assert (stored["size"], stored["final"]) == (2 * len(data), True)
     assert postgres.scalar(
         "SELECT string_agg(data, ''::bytea ORDER BY start_offset) FROM blob_chunks") == data + data
+
+
+def test_a_prefetched_upload_reads_the_file_of_its_own_cluster_only(watched, postgres, tmp_path):
+    # The prefetch reads the file of every job with the id (it runs before the job's
+    # primary key is known); the upload must keep only its own job's, or it would check
+    # its bytes against another cluster's.
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    trace = tmp_path / "libpq.trace"
+    mine, theirs = b"mine\n" * 100, b"theirs\n" * 100
+    # The first upload creates the job: its placeholder row, event and count are one round trip more.
+    created, waits = traced_upload(watched, trace, job_id, "cluster-a", mine, 0)
+    assert created == log_store.Appended(True, len(mine))
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE", "PREPARE", "EXECUTE"], ["PREPARE", "EXECUTE"],
+                     ["Parse", *UPLOAD_EXTENDED]], waits
+    assert traced_upload(watched, trace, job_id, "cluster-b", theirs, 0)[0] == log_store.Appended(True, len(theirs))
+
+    assert traced_upload(watched, trace, job_id, "cluster-a", mine, 0)[0] == log_store.Appended(False, 0)
+    assert traced_upload(watched, trace, job_id, "cluster-b", theirs, 0)[0] == log_store.Appended(False, 0)
+    with pytest.raises(Conflict, match="differ from the bytes already stored"):
+        traced_upload(watched, trace, job_id, "cluster-b", mine, 0)
+    with postgres.engine.connect() as conn:
+        stored = dict(conn.execute(text(
+            "SELECT j.cluster, string_agg(c.data, ''::bytea ORDER BY c.start_offset) FROM jobs j "
+            "JOIN blob_files f ON f.job_pk = j.id JOIN blob_chunks c ON c.file_id = f.id "
+            "WHERE j.job_id = :j GROUP BY j.cluster"), {"j": job_id}).all())
+    assert stored == {"cluster-a": mine, "cluster-b": theirs}
 
 
 def postgres_job_pk(postgres, job_id: str) -> int:

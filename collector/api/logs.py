@@ -55,9 +55,12 @@ def upload_logs(job_id: str) -> Response:
     cluster, credential = write_cluster(cluster), writer()
 
     def store(conn: Connection) -> tuple[bool, list[log_store.Appended]]:
-        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential)
+        # A single upload's file and bytes around it are read with the job's lock, in its round trip.
+        first = log_store.prefetch(job_id, *chunks[0][:3]) if len(chunks) == 1 else None
+        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential, prefetch=first)
         last = len(chunks) - 1
-        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now, commit=i == last)
+        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now, commit=i == last,
+                                          prefetched=first)
                          for i, (name, offset, data, final) in enumerate(chunks)]
 
     created, appended = transaction(store, write=True)

@@ -73,14 +73,23 @@ _RECORD_CHECKSUM = update(FILES).where(FILES.c.id == bindparam("pk"), FILES.c.sh
 # one with null chunk columns when none overlaps.
 _FILE_COLUMNS = [c.name for c in FILES.c]
 _PROGRESS = ("size", "stored_end", "final_size", "done", "updated_at")  # what an upload moves
-FILE_WITH_OVERLAPPING = pg_driver.statement("collector_file_with_overlapping", (
-    "SELECT {}, c.start_offset, c.end_offset, c.data FROM blob_files f LEFT JOIN LATERAL ("
+_WITH_OVERLAPPING = (
+    "SELECT {}, c.start_offset, c.end_offset, c.data FROM {{}} LEFT JOIN LATERAL ("
     "(SELECT start_offset, end_offset, data FROM blob_chunks WHERE file_id = f.id AND start_offset <= %(lo)s "
     "ORDER BY start_offset DESC LIMIT 1) UNION ALL "
     "(SELECT start_offset, end_offset, data FROM blob_chunks WHERE file_id = f.id AND start_offset > %(lo)s "
     "AND start_offset < %(hi)s)) c ON c.end_offset > %(lo)s "
-    "WHERE f.job_pk = %(job_pk)s AND f.kind = %(kind)s AND f.name_key = %(key)s ORDER BY c.start_offset"
-).format(", ".join(f"f.{name}" for name in _FILE_COLUMNS)))
+    "WHERE {{}} AND f.kind = %(kind)s AND f.name_key = %(key)s ORDER BY f.job_pk, c.start_offset"
+).format(", ".join(f"f.{name}" for name in _FILE_COLUMNS))
+FILE_WITH_OVERLAPPING = pg_driver.statement(
+    "collector_file_with_overlapping", _WITH_OVERLAPPING.format("blob_files f", "f.job_pk = %(job_pk)s")
+)
+# The same for every job with the job id: a read that can run before the job's primary
+# key is known, in the round trip that takes the job's lock (``overlapping_query``).
+FILES_WITH_OVERLAPPING_OF_JOB_ID = pg_driver.statement(
+    "collector_files_with_overlapping_of_job_id",
+    _WITH_OVERLAPPING.format("jobs j JOIN blob_files f ON f.job_pk = j.id", "j.job_id = %(job_id)s"),
+)
 # The writes: the file row as it now stands (inserted, or updated: the job's lock is
 # held, so nobody else moved it), and the new chunk, if any.
 WRITE_FILE_AND_CHUNK = pg_driver.statement("collector_write_file_and_chunk", (
@@ -134,14 +143,28 @@ def _insert_file(conn: Connection, row: FileRow) -> FileRow:
     return row
 
 
-def find_with_overlapping(conn: Connection, job_pk: int, kind: str, name: str, lo: int,
-                          hi: int) -> tuple[FileRow | None, list[tuple[int, int, bytes]]]:
-    """The file row of ``name`` (or None) and ``overlapping(lo, hi)`` of it: one round trip on PostgreSQL."""
-    if not is_postgres(conn):
+def overlapping_query(job_id: str, kind: str, name: str, lo: int, hi: int) -> pg_driver.Query:
+    """``find_with_overlapping`` for any job with ``job_id``, to prefetch under the job's lock (PostgreSQL)."""
+    return pg_driver.Query(FILES_WITH_OVERLAPPING_OF_JOB_ID,
+                           {"job_id": job_id, "kind": kind, "key": name_key(name), "lo": lo, "hi": hi})
+
+
+def find_with_overlapping(conn: Connection, job_pk: int, kind: str, name: str, lo: int, hi: int, *,
+                          prefetched: pg_driver.Query | None = None,
+                          ) -> tuple[FileRow | None, list[tuple[int, int, bytes]]]:
+    """The file row of ``name`` (or None) and ``overlapping(lo, hi)`` of it: one round trip on PostgreSQL.
+
+    None at all when ``prefetched`` (an ``overlapping_query`` of the same file and range)
+    has run: its rows are the answer.
+    """
+    if prefetched is not None and prefetched.rows is not None:
+        rows = [row for row in prefetched.rows if row["job_pk"] == job_pk]
+    elif is_postgres(conn):
+        rows = pg_driver.execute(conn, FILE_WITH_OVERLAPPING,
+                                 {"job_pk": job_pk, "kind": kind, "key": name_key(name), "lo": lo, "hi": hi})
+    else:
         file = find_file(conn, job_pk, kind, name)
         return file, [] if file is None else overlapping(conn, file["id"], lo, hi)
-    rows = pg_driver.execute(conn, FILE_WITH_OVERLAPPING,
-                             {"job_pk": job_pk, "kind": kind, "key": name_key(name), "lo": lo, "hi": hi})
     if not rows:
         return None, []
     file = {name: rows[0][name] for name in _FILE_COLUMNS}

@@ -61,15 +61,17 @@ def _ambiguous(job_id: str, rows: list[JobRow], how: str) -> Conflict:
     )
 
 
-def find_for_write(conn: Connection, job_id: str, cluster: str | None) -> JobRow | None:
+def find_for_write(conn: Connection, job_id: str, cluster: str | None, *,
+                   prefetch: pg_driver.Query | None = None) -> JobRow | None:
     """The row a write lands on, as stored (see ``claim`` for a cluster-less one).
 
     Takes the job id's lock first, so until commit no other writer can create a row
     this one did not see. Returns None when the write should create a new row for
-    ``(cluster or '', job_id)``.
+    ``(cluster or '', job_id)``. On PostgreSQL ``prefetch`` runs under the lock in the
+    same round trip; SQLite leaves it unrun (its ``rows`` None).
     """
     # On SQLite, BEGIN IMMEDIATE already made this the only writer.
-    rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id) if is_postgres(conn) else _rows(conn, job_id)
+    rows = pg_driver.locked_job_rows(conn, JOB_LOCK, job_id, prefetch) if is_postgres(conn) else _rows(conn, job_id)
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if cluster:
         exact = next((r for r in rows if r["cluster"] == cluster), None)

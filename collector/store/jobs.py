@@ -17,6 +17,7 @@ from collector.contract import JobUpdatePayload
 from collector.store import clusters
 from collector.store import counts
 from collector.store import events
+from collector.store import pg_driver
 from collector.store import writes
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
@@ -215,14 +216,14 @@ def _fill_unknown(row: JobRow, payload: JobUpdatePayload) -> None:
 
 
 def ensure(conn: Connection, job_id: str, cluster: str | None, now: dt.datetime, *,
-           credential: str | None = None) -> tuple[int, str | None, bool]:
+           credential: str | None = None, prefetch: pg_driver.Query | None = None) -> tuple[int, str | None, bool]:
     """The job a blob upload lands on (primary key, wire cluster), as a PUT would resolve it, and whether it is new.
 
     A job with no row yet gets a placeholder in ``submitted`` (and with it an event,
     hence the flag); a cluster named by the upload claims a cluster-less row. Holds the
-    job id's write lock until commit.
+    job id's write lock until commit. ``prefetch`` as in ``find_for_write``.
     """
-    row = find_for_write(conn, job_id, cluster)
+    row = find_for_write(conn, job_id, cluster, prefetch=prefetch)
     if row is None:
         row = _new_row(cluster=cluster or NO_CLUSTER, job_id=job_id, job_name=placeholder_name(job_id),
                        is_placeholder=True, status=JobStatus.SUBMITTED.value, submitted_at=now, updated_at=now,

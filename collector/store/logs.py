@@ -15,6 +15,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection
 
 from collector.store import blobs
+from collector.store import pg_driver
 from collector.store.errors import Conflict
 from collector.store.errors import NotFound
 
@@ -34,14 +35,16 @@ class Appended(NamedTuple):
 
 
 def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *, final: bool,
-           now: dt.datetime, commit: bool = False) -> Appended:
+           now: dt.datetime, commit: bool = False, prefetched: pg_driver.Query | None = None) -> Appended:
     """Store the new bytes of ``data`` at ``offset``; say whether anything changed and how many bytes are new.
 
     Ranges in the errors are half-open, ``[lo, hi)``. ``commit`` says nothing follows in
     the transaction (PostgreSQL then commits with the last write, blobs.write).
+    ``prefetched`` is this upload's ``prefetch`` if it went with the job's lock.
     """
     end = blobs.end_of(name, offset, data)
-    file, overlapping = blobs.find_with_overlapping(conn, job_pk, blobs.LOG, name, offset, end)
+    file, overlapping = blobs.find_with_overlapping(conn, job_pk, blobs.LOG, name, offset, end,
+                                                    prefetched=prefetched)
     file = file or blobs.new_file(job_pk, blobs.LOG, name, now)
     final_size = file["final_size"]
     if final_size is not None and end > final_size:
@@ -93,6 +96,11 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     lo, hi = new_ranges[0] if new_ranges else (end, end)
     blobs.write(conn, file, lo, data[lo - offset:hi - offset] if new_ranges else None, commit=commit)
     return Appended(True, new_bytes)
+
+
+def prefetch(job_id: str, name: str, offset: int, data: bytes) -> pg_driver.Query:
+    """What ``append`` reads first, to send with the job's lock (``jobs.ensure``) and hand back to it."""
+    return blobs.overlapping_query(job_id, blobs.LOG, name, offset, blobs.end_of(name, offset, data))
 
 
 def files(conn: Connection, job_pk: int) -> list[blobs.FileRow]:

@@ -177,9 +177,23 @@ def _driver(conn: Connection, sql: str) -> Iterator[psycopg.Connection[Any]]:
 _prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
 
 
+@dataclass
+class Query:
+    """A statement with its values; ``rows`` holds what it returned once it has run.
+
+    A caller can hand a read to the round trip of the statement before it
+    (``locked_job_rows``): it runs next, in the same transaction, and sees what that
+    statement did (the lock it took), so the transaction saves a round trip.
+    """
+
+    statement: Statement
+    params: dict[str, Any]
+    rows: list[dict[str, Any]] | None = None
+
+
 def execute(conn: Connection, statement: Statement, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Run ``statement`` in the transaction (opening it if need be); rows come back as dicts."""
-    return _run(conn, statement, params, commit=False)
+    return _run(conn, [Query(statement, params)], commit=False)[0]
 
 
 def execute_and_commit(conn: Connection, statement: Statement, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -191,45 +205,61 @@ def execute_and_commit(conn: Connection, statement: Statement, params: dict[str,
     it; sent together, the server commits as soon as the statement is done. SQLAlchemy's
     own commit that follows finds the transaction closed and sends nothing.
     """
-    return _run(conn, statement, params, commit=True)
+    return _run(conn, [Query(statement, params)], commit=True)[0]
 
 
-def locked_job_rows(conn: Connection, namespace: int, job_id: str) -> list[dict[str, Any]]:
-    """Open the transaction, take the job id's lock and read its rows, in one round trip."""
-    return job_rows(execute(conn, LOCKED_ROWS_OF_JOB_ID, {"namespace": namespace, "job_id": job_id}))
+def locked_job_rows(conn: Connection, namespace: int, job_id: str,
+                    prefetch: Query | None = None) -> list[dict[str, Any]]:
+    """Open the transaction, take the job id's lock and read its rows, in one round trip.
+
+    ``prefetch`` runs after them in the same round trip, under the lock.
+    """
+    queries = [Query(LOCKED_ROWS_OF_JOB_ID, {"namespace": namespace, "job_id": job_id})]
+    if prefetch is not None:
+        queries.append(prefetch)
+    return job_rows(_run(conn, queries, commit=False)[0])
 
 
-def _run(conn: Connection, statement: Statement, params: dict[str, Any], commit: bool) -> list[dict[str, Any]]:
-    with _driver(conn, statement.text) as driver:
+def _run(conn: Connection, queries: list[Query], commit: bool) -> list[list[dict[str, Any]]]:
+    """Run ``queries`` in order in one round trip; fills each one's rows and returns them."""
+    with _driver(conn, "; ".join(query.statement.text for query in queries)) as driver:
         tx = Transformer.from_context(driver)
-        # One simple-protocol query: [BEGIN;] [PREPARE ...;] EXECUTE name(literals)[; COMMIT].
-        # psycopg would send a BEGIN of its own and wait for it before anything else goes.
-        parts = []
+        # One simple-protocol query: [BEGIN;] then for each statement [PREPARE ...;]
+        # EXECUTE name(literals), [; COMMIT]. psycopg would send a BEGIN of its own and
+        # wait for it before anything else goes. Each command has one result, in order.
+        parts: list[bytes] = []
+        sent: list[Query | Statement | None] = []  # per command: whose rows, whose PREPARE, or neither
         if driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit:
             parts.append(b"BEGIN")
+            sent.append(None)
         prepared = _prepared.setdefault(driver, set())
-        prepares = statement.name not in prepared
-        if prepares:
-            parts.append(statement.prepare)
-        if statement.parameters:
-            arguments = b", ".join([literal(tx, params[name]) for name in statement.parameters])
-            parts.append(statement.execute + b"(" + arguments + b")")
-        else:
-            parts.append(statement.execute)
+        for query in queries:
+            statement = query.statement
+            if statement.name not in prepared:
+                parts.append(statement.prepare)
+                sent.append(statement)
+            if statement.parameters:
+                arguments = b", ".join([literal(tx, query.params[name]) for name in statement.parameters])
+                parts.append(statement.execute + b"(" + arguments + b")")
+            else:
+                parts.append(statement.execute)
+            sent.append(query)
         if commit:
             parts.append(b"COMMIT")
+            sent.append(None)
         with driver.lock:
             driver.pgconn.send_query(b"; ".join(parts))
             results = driver.wait(generators.execute(driver.pgconn))
-        if prepares and any(result.command_status == b"PREPARE" for result in results):
-            prepared.add(statement.name)  # even when the EXECUTE after it failed
-        rows = None
-        for result in results:
+        # After an error the server skips the rest: zip stops at the error's result.
+        for what, result in zip(sent, results, strict=False):
+            if isinstance(what, Statement) and result.command_status == b"PREPARE":
+                prepared.add(what.name)  # even when the EXECUTE after it failed
+        for what, result in zip(sent, results, strict=False):
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
-            if result.status == pq.ExecStatus.TUPLES_OK:
-                rows = result
-        return [] if rows is None else _dicts(tx, rows)
+            if isinstance(what, Query):
+                what.rows = _dicts(tx, result) if result.status == pq.ExecStatus.TUPLES_OK else []
+        return [query.rows or [] for query in queries]
 
 
 def _dicts(tx: abc.Transformer, rows: pq.abc.PGresult) -> list[dict[str, Any]]:
