@@ -36,6 +36,8 @@ from collector.store import counts
 
 TIMEOUT = 5.0  # the srtctl reporter's
 LOG_FILE = "logs/worker-0.out"
+CAPTURE_FILE = "captures/out-0.parquet"
+BLOBS = ("log", "capture")  # the kinds of write that store bytes, not a lifecycle change
 SUBMITTED = ("submitted", None, None)
 # (status, stage, message) of each PUT, in the reporter's order: every one differs, so
 # every one appends an event, and an event names the write it came from.
@@ -48,8 +50,10 @@ LIFECYCLE = (
     ("benchmark", "benchmark", "Running benchmark"),
     ("completed", "cleanup", "Benchmark completed successfully"),
 )
-# A log chunk follows these PUTs (indexes into LIFECYCLE).
+# A log chunk follows these PUTs (indexes into LIFECYCLE); a capture segment, in two
+# chunks, follows the benchmark's.
 LOG_AFTER = (1, 3, 5)
+CAPTURE_AFTER = 5
 
 
 def stamp(value: dt.datetime) -> str:
@@ -71,7 +75,7 @@ class Attempt:
 class Write:
     """One write a reporter wants stored: a POST, a PUT or a log chunk."""
 
-    kind: str  # "post" | "put" | "log"
+    kind: str  # "post" | "put" | "log" | "capture"
     job_id: str
     step: int  # order within the job: the POST is 0, the PUTs 1.., a chunk shares its PUT's number
     at: dt.datetime | None = None  # submitted_at / updated_at
@@ -79,6 +83,7 @@ class Write:
     file: str | None = None
     offset: int | None = None
     data: bytes = b""
+    total: int | None = None  # a capture segment's size
     body: dict | None = None
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
     acked: bool = False
@@ -92,6 +97,11 @@ class Write:
         """``at`` of a POST or a PUT (which always carry one)."""
         assert self.at is not None, self
         return self.at
+
+    @property
+    def changes_job(self) -> bool:
+        """A POST or a PUT, not bytes."""
+        return self.kind not in BLOBS
 
     @property
     def place(self) -> tuple[str, int]:
@@ -191,6 +201,11 @@ class Load:
                                for n in range(lines)).encode()
                 writes.append(Write("log", job_id, step, file=LOG_FILE, offset=offset, data=data))
                 offset += len(data)
+            if step - 1 == CAPTURE_AFTER:
+                segment = self._rand.randbytes(self._rand.randint(2_000, 20_000))
+                half = len(segment) // 2
+                writes += [Write("capture", job_id, step, file=CAPTURE_FILE, offset=start, data=segment[start:end],
+                                 total=len(segment)) for start, end in ((0, half), (half, len(segment)))]
         return writes
 
     def drive(self, number: int, writes: list[Write] | None = None) -> None:
@@ -231,9 +246,11 @@ class Load:
         elif write.kind == "put":
             args = dict(method="PUT", url=f"{url}/api/jobs/{write.job_id}", json=write.body)
         else:
-            args = dict(method="POST", url=f"{url}/api/jobs/{write.job_id}/logs", data=write.data,
-                        params={"file": write.file, "offset": write.offset, "cluster": self.cluster},
-                        headers={**headers, "Content-Type": "application/octet-stream"})
+            params = {"file": write.file, "offset": write.offset, "cluster": self.cluster}
+            if write.kind == "capture":
+                params["total"] = write.total
+            args = dict(method="POST", url=f"{url}/api/jobs/{write.job_id}/{write.kind}s", data=write.data,
+                        params=params, headers={**headers, "Content-Type": "application/octet-stream"})
         args.setdefault("headers", headers)
         started = time.monotonic()
         try:
@@ -241,7 +258,7 @@ class Load:
             response = requests.request(**args, timeout=TIMEOUT, allow_redirects=False)
         except requests.RequestException as exc:
             return Attempt(started, time.monotonic(), None, type(exc).__name__)
-        expected = {"post": 201, "put": 200, "log": 200}[write.kind]
+        expected = 201 if write.kind == "post" else 200
         status = response.status_code
         error = None if status == expected else response.text[:300]
         if 200 <= status < 300 and status != expected:
@@ -298,10 +315,12 @@ class Report:
     jobs: int = 0
     events: int = 0
     log_bytes: int = 0
+    capture_bytes: int = 0
     feed_events: int = 0
 
     def __str__(self) -> str:
         head = (f"{self.jobs} jobs, {self.events} events, {self.log_bytes} log bytes, "
+                f"{self.capture_bytes} capture bytes, "
                 f"{self.feed_events} feed events checked")
         if not self.problems:
             return head + ": all acknowledged writes stored"
@@ -322,7 +341,7 @@ def verify(engine: Engine, writes: list[Write], *, url: str | None, cluster: str
         by_job[write.job_id].append(write)
     stored = _stored(engine, cluster, list(by_job))
     for job_id, job_writes in sorted(by_job.items()):
-        job_writes.sort(key=lambda w: (w.step, w.kind != "post", w.kind == "log"))
+        job_writes.sort(key=lambda w: (w.step, w.kind != "post", not w.changes_job))
         _check_job(report, job_id, job_writes, stored, ordered)
     _check_counts(report, engine)
     if url is not None:
@@ -341,11 +360,12 @@ def _stored(engine: Engine, cluster: str, job_ids: list[str]) -> dict:
             if event.job_pk in wanted:
                 events[wanted[event.job_pk]].append(event)
         files: dict[tuple[str, str], dict] = {}
-        for file in conn.execute(select(files_t).where(files_t.c.kind == "log")):
+        for file in conn.execute(select(files_t)):
             if file.job_pk in wanted:
                 chunks = conn.execute(select(chunks_t).where(chunks_t.c.file_id == file.id)
                                       .order_by(chunks_t.c.start_offset)).all()
-                files[(wanted[file.job_pk], file.name)] = {"size": file.size, "chunks": chunks}
+                files[(wanted[file.job_pk], file.name)] = {"size": file.size, "done": file.done,
+                                                           "total": file.total, "chunks": chunks}
     return {"jobs": rows, "events": events, "files": files}
 
 
@@ -354,7 +374,7 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
     row = stored["jobs"].get(job_id)
     events = stored["events"].get(job_id, [])
     report.events += len(events)
-    changes = [w for w in writes if w.kind != "log"]
+    changes = [w for w in writes if w.changes_job]
     acked = [w for w in changes if w.acked]
     if row is None:
         if acked:
@@ -405,10 +425,10 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
     newest_applied = max((w.moment for w in applied), default=None)
     if newest_applied is not None and row.updated_at != newest_applied:
         problems.append(f"{job_id}: updated_at {row.updated_at}, newest applied update {newest_applied}")
-    _check_logs(report, job_id, [w for w in writes if w.kind == "log"], stored)
+    _check_blobs(report, job_id, [w for w in writes if not w.changes_job], stored)
 
 
-def _check_logs(report: Report, job_id: str, chunks: list[Write], stored: dict) -> None:
+def _check_blobs(report: Report, job_id: str, chunks: list[Write], stored: dict) -> None:
     by_file: dict[str, list[Write]] = defaultdict(list)
     for chunk in chunks:
         by_file[chunk.place[0]].append(chunk)
@@ -425,7 +445,12 @@ def _check_logs(report: Report, job_id: str, chunks: list[Write], stored: dict) 
                 data += chunk.data
             if file["size"] != len(data):
                 report.problems.append(f"{job_id} {name}: size {file['size']}, {len(data)} bytes stored")
-        report.log_bytes += len(data)
+            if file["total"] is not None and file["done"] != (len(data) == file["total"]):
+                report.problems.append(f"{job_id} {name}: done is {file['done']} at {len(data)} of {file['total']}")
+        if sent[0].kind == "capture":
+            report.capture_bytes += len(data)
+        else:
+            report.log_bytes += len(data)
         # A chunk whose answer was lost may be stored; it is the one right after the acknowledged bytes.
         allowed = [acked] + [acked + c.data for c in pending if c.offset == len(acked)]
         if data not in allowed:

@@ -72,7 +72,10 @@ def assert_stored(report, load: Load, *, events: int | None = None) -> None:
     assert not load.rejections, [(w.kind, w.job_id, s, e) for w, s, e in load.rejections[:5]]
     assert report.problems == [], str(report)
     # The verifier saw what the load did: a check that cannot have looked at nothing.
-    assert report.events >= (len([w for w in load.acked if w.kind != "log"]) if events is None else events)
+    assert report.events >= (len([w for w in load.acked if w.changes_job]) if events is None else events)
+    # Bytes too: at least what was acknowledged (a chunk whose answer was lost may be stored as well).
+    assert report.log_bytes >= sum(len(w.data) for w in load.acked if w.kind == "log")
+    assert report.capture_bytes >= sum(len(w.data) for w in load.acked if w.kind == "capture")
 
 
 # --- the verifier can fail ------------------------------------------------------------------
@@ -83,7 +86,8 @@ def test_the_verifier_reports_a_deleted_event_and_altered_bytes(database, serve)
     load = Load(api.url, prefix="control-", threads=3, jobs=6).start().wait()
     report = verify(database.engine, load.writes, url=api.url)
     assert report.problems == [], str(report)
-    assert len(load.acked) == 6 * 11 and report.jobs == 6 and report.events == 6 * 8
+    assert len(load.acked) == 6 * 13 and report.jobs == 6 and report.events == 6 * 8
+    assert report.capture_bytes == sum(len(w.data) for w in load.acked if w.kind == "capture") > 0
 
     victim = next(w for w in load.acked if w.job_id == "control-2" and w.triple == ("workers", "workers",
                                                                                       "Starting workers"))
@@ -100,16 +104,28 @@ def test_the_verifier_reports_a_deleted_event_and_altered_bytes(database, serve)
         # Same length, other bytes: only the comparison with what was acknowledged can see it.
         conn.execute(text(
             "UPDATE blob_chunks SET data = :data WHERE start_offset = 0 AND file_id = "
-            "(SELECT f.id FROM blob_files f JOIN jobs j ON j.id = f.job_pk WHERE j.job_id = 'control-4')"),
-            {"data": b"x" * len(first_chunk.data)})
+            "(SELECT f.id FROM blob_files f JOIN jobs j ON j.id = f.job_pk WHERE j.job_id = 'control-4' "
+            "AND f.kind = 'log')"), {"data": b"x" * len(first_chunk.data)})
+        # The second half of a capture segment lost: the file row still says it is all there.
+        conn.execute(text(
+            "DELETE FROM blob_chunks WHERE start_offset > 0 AND file_id = "
+            "(SELECT f.id FROM blob_files f JOIN jobs j ON j.id = f.job_pk WHERE j.job_id = 'control-5' "
+            "AND f.kind = 'capture')"))
         # One job too many, in whichever table holds the pair's count on this backend.
         conn.execute(text("INSERT INTO job_counts (cluster, status, jobs) VALUES ('faults', 'completed', 1) "
                           "ON CONFLICT (cluster, status) DO UPDATE SET jobs = job_counts.jobs + 1"))
     problems = verify(database.engine, load.writes, url=api.url).problems
-    assert len(problems) == 3, problems
+    segment = [w for w in load.acked if w.job_id == "control-5" and w.kind == "capture"]
+    total, half = segment[0].total, segment[1].offset
+    assert len(problems) == 6, "\n".join(problems)
     assert problems[0] == f"control-2: acknowledged put {victim.triple} has no event"
     assert problems[1].startswith("control-4 logs/worker-0.out: ") and problems[1].endswith("differ from byte 0")
-    assert problems[2].startswith("the counts ")
+    assert problems[2:5] == [
+        f"control-5 captures/out-0.parquet: size {total}, {half} bytes stored",
+        f"control-5 captures/out-0.parquet: done is True at {half} of {total}",
+        f"control-5 captures/out-0.parquet: {half} bytes stored, {total} acknowledged; they differ from byte {half}",
+    ]
+    assert problems[5].startswith("the counts ")
 
 
 # --- 1. kill -9 of a worker ------------------------------------------------------------------
@@ -702,6 +718,6 @@ def test_kill_9_of_writing_workers_loses_no_event_on_another_instances_streams(p
         streamer.stop()
     figure(f"kill -9 of writing workers, another instance streaming: {len(expected)} events; {load.summary()}")
     assert_stored(report, load)
-    assert len(expected) >= len([w for w in load.acked if w.kind != "log"]) > 0
+    assert len(expected) >= len([w for w in load.acked if w.changes_job]) > 0
     for ids in received:
         assert ids == expected  # every event once, in feed order

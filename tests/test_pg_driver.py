@@ -34,6 +34,7 @@ from collector.contract import JobUpdatePayload
 from collector.db import Database
 from collector.migrations import upgrade
 from collector.settings import Settings
+from collector.store import captures as capture_store
 from collector.store import jobs as job_store
 from collector.store import logs as log_store
 from collector.store import pg_driver
@@ -460,6 +461,42 @@ def test_a_prefetched_upload_reads_the_file_of_its_own_cluster_only(watched, pos
             "JOIN blob_files f ON f.job_pk = j.id JOIN blob_chunks c ON c.file_id = f.id "
             "WHERE j.job_id = :j GROUP BY j.cluster"), {"j": job_id}).all())
     assert stored == {"cluster-a": mine, "cluster-b": theirs}
+
+
+def test_a_capture_chunk_is_two_round_trips_and_a_retry_only_reads(watched, postgres, tmp_path):
+    job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
+    now = dt.datetime.now(dt.UTC)
+    watched.database.run(lambda conn: job_store.submit(conn, JobCreatePayload(
+        job_id=job_id, job_name="probe", submitted_at=now, cluster="pg-driver")), write=True)
+    halves = [bytes(range(256)) * 40, b"PAR1\0'\\" * 500]
+    total = sum(map(len, halves))
+
+    def chunk(offset: int, data: bytes) -> tuple[Any, list[list[str]]]:
+        def work(conn: Connection) -> capture_store.Progress:
+            first = capture_store.prefetch(job_id, "out-0.parquet", offset, data)
+            job_pk, _, _ = job_store.ensure(conn, job_id, "pg-driver", now, prefetch=first)
+            return capture_store.append(conn, job_pk, "out-0.parquet", offset, total, data, now=now, prefetched=first)
+        return traced_waits(watched, tmp_path / "libpq.trace", work)
+
+    progress, waits = chunk(0, halves[0])
+    assert progress == capture_store.Progress(len(halves[0]), False, False, len(halves[0]))
+    assert waits == [["BEGIN", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
+    progress, waits = chunk(len(halves[0]), halves[1])
+    assert progress == capture_store.Progress(total, True, True, len(halves[1]))
+    assert waits == [["BEGIN", "EXECUTE", "EXECUTE"], UPLOAD_EXTENDED], waits
+    # An exact retry of the first chunk gets the answer it had, from the reads alone.
+    progress, waits = chunk(0, halves[0])
+    assert progress == capture_store.Progress(len(halves[0]), False)
+    assert waits == [["BEGIN", "EXECUTE", "EXECUTE"]], waits
+    with pytest.raises(Conflict, match="differ from the stored segment"):
+        chunk(0, halves[1][:len(halves[0])])
+
+    assert watched.notices == [] and set(watched.status_at_checkin) == {TransactionStatus.IDLE}
+    assert postgres.row("SELECT size, stored_end, total, done FROM blob_files WHERE name = 'out-0.parquet' "
+                        "AND job_pk = :pk", pk=postgres_job_pk(postgres, job_id)) == (total, total, total, True)
+    assert postgres.scalar("SELECT string_agg(c.data, ''::bytea ORDER BY c.start_offset) FROM blob_chunks c "
+                           "JOIN blob_files f ON f.id = c.file_id WHERE f.job_pk = :pk",
+                           pk=postgres_job_pk(postgres, job_id)) == b"".join(halves)
 
 
 def postgres_job_pk(postgres, job_id: str) -> int:

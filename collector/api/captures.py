@@ -46,8 +46,11 @@ def upload_capture(job_id: str) -> Response:
     now = dt.datetime.now(dt.UTC)
 
     def store(conn: Connection) -> tuple[int, bool, capture_store.Progress]:
-        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential)
-        return job_pk, created, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data, now=now)
+        # The segment's file and the chunk at this offset are read with the job's lock, in its round trip.
+        first = capture_store.prefetch(job_id, query.file, query.offset, data)
+        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential, prefetch=first)
+        return job_pk, created, capture_store.append(conn, job_pk, query.file, query.offset, query.total, data,
+                                                     now=now, prefetched=first)
 
     job_pk, created, progress = transaction(store, write=True)
     metrics.stored_upload("captures", progress.new_bytes, created)

@@ -126,15 +126,9 @@ def find_file(conn: Connection, job_pk: int, kind: str, name: str) -> FileRow | 
 
 
 def new_file(job_pk: int, kind: str, name: str, now: dt.datetime, *, total: int | None = None) -> FileRow:
-    """An empty file row, not stored yet (``id`` None): ``create_file`` or ``write`` stores it."""
+    """An empty file row, not stored yet (``id`` None): ``write`` stores it."""
     return {"id": None, "job_pk": job_pk, "kind": kind, "name": name, "name_key": name_key(name), "size": 0,
             "stored_end": 0, "total": total, "final_size": None, "done": False, "sha256": None, "updated_at": now}
-
-
-def create_file(conn: Connection, job_pk: int, kind: str, name: str, now: dt.datetime, *,
-                total: int | None = None) -> FileRow:
-    """Insert an empty file row and return it."""
-    return _insert_file(conn, new_file(job_pk, kind, name, now, total=total))
 
 
 def _insert_file(conn: Connection, row: FileRow) -> FileRow:
@@ -188,12 +182,6 @@ def write(conn: Connection, row: FileRow, start: int, data: bytes | None, *, com
         conn.execute(_UPDATE_FILE, {"pk": row["id"], **{name: row[name] for name in _PROGRESS}})
     if data:
         insert_chunk(conn, row["id"], start, data)
-
-
-def update_file(conn: Connection, row: FileRow, **changes: Any) -> None:
-    """Write ``changes`` to the file row (and to ``row``)."""
-    row.update(changes)
-    conn.execute(_UPDATE_FILE, {"pk": row["id"], **changes})
 
 
 def record_checksum(conn: Connection, file_id: int, digest: str) -> None:

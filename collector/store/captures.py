@@ -13,6 +13,7 @@ import datetime as dt
 from sqlalchemy import Connection
 
 from collector.store import blobs
+from collector.store import pg_driver
 from collector.store.core import Run
 from collector.store.errors import Conflict
 from collector.store.errors import NotFound
@@ -29,26 +30,32 @@ class Progress:
     new_bytes: int = 0
 
 
+def prefetch(job_id: str, name: str, offset: int, data: bytes) -> pg_driver.Query:
+    """What ``append`` reads first, to send with the job's lock (``jobs.ensure``) and hand back to it."""
+    return blobs.overlapping_query(job_id, blobs.CAPTURE, name, offset, blobs.end_of(name, offset, data))
+
+
 def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, data: bytes, *,
-           now: dt.datetime) -> Progress:
-    """Store one chunk.
+           now: dt.datetime, prefetched: pg_driver.Query | None = None) -> Progress:
+    """Store one chunk, committing with the write on PostgreSQL (nothing may follow it in the transaction).
 
     For an exact retry of an earlier chunk the answer is ``(offset + len, complete and it
     was the last chunk)``, so a reporter that lost an answer gets the one it expected.
+    ``prefetched`` is this chunk's ``prefetch`` if it went with the job's lock.
     """
     end = blobs.end_of(name, offset, data)
     if end > total:
         raise Unprocessable(f"bytes {offset}-{end} of {name} run past its total of {total}")
-    file = blobs.find_file(conn, job_pk, blobs.CAPTURE, name)
+    file, overlapping = blobs.find_with_overlapping(conn, job_pk, blobs.CAPTURE, name, offset, end,
+                                                    prefetched=prefetched)
     if file is None:
-        file = blobs.create_file(conn, job_pk, blobs.CAPTURE, name, now, total=total)
+        file = blobs.new_file(job_pk, blobs.CAPTURE, name, now, total=total)
     elif file["total"] != total:
         raise Conflict(f"segment {name} was started with total {file['total']}, not {total}",
                        file=name, total=file["total"])
     size = file["size"]
     if offset < size or (offset == size and file["done"]):
-        stored = blobs.chunk_at_or_after(conn, file["id"], offset)
-        exact = stored is not None and stored[0] == offset and stored[1] == end and stored[2] == data
+        exact = any(stored == (offset, end, data) for stored in overlapping)
         if not exact and not (len(data) == 0 and offset == size):
             raise Conflict(f"bytes {offset}-{end} of {name} differ from the stored segment, which holds "
                            f"{size} of {total} bytes", file=name, next_offset=size)
@@ -59,10 +66,9 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, total: int, da
     if offset > size:
         raise Conflict(f"segment {name} continues at offset {size}, not {offset}",
                        file=name, next_offset=size)
-    if data:
-        blobs.insert_chunk(conn, file["id"], offset, data)
     complete = end == total
-    blobs.update_file(conn, file, updated_at=now, size=end, stored_end=end, done=complete)
+    file.update(updated_at=now, size=end, stored_end=end, done=complete)
+    blobs.write(conn, file, offset, data or None, commit=True)
     return Progress(end, complete, completed_now=complete, new_bytes=len(data))
 
 
