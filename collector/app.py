@@ -24,6 +24,7 @@ from collector.api import jobs
 from collector.api import logs
 from collector.api import streams
 from collector.api import system
+from collector.api import webhooks
 from collector.cli import db_group
 from collector.migrations import schema_problem
 from collector.migrations import settle_event_ids
@@ -70,7 +71,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     janitor.init_app(app, database, settings)
     cluster_stream.init_app(app, database)
     for blueprint in (system.bp, jobs.bp, cluster_stream.bp, clusters.bp, logs.bp, captures.bp, events.bp,
-                      streams.bp, ui.bp):
+                      streams.bp, webhooks.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.cli.add_command(db_group)
     # Replacing wsgi_app is Flask's documented way to add WSGI middleware; mypy sees a method.

@@ -1,4 +1,4 @@
-"""The ``collector`` command: ``serve``, ``prune``, ``token``, ``db`` (also ``flask --app collector db``)."""
+"""The ``collector`` command: ``serve``, ``prune``, ``token``, ``webhook``, ``db`` (``db`` also under ``flask``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from collector.reporter.cli import client_commands
 from collector.settings import Settings
 from collector.settings import SettingsError
 from collector.token_cli import token_group
+from collector.webhook_cli import webhook_group
 
 if TYPE_CHECKING:
     from collector.probe import ProbeThread
@@ -299,6 +300,7 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 main.add_command(db_group)
 main.add_command(token_group)
+main.add_command(webhook_group)
 main.add_command(probe_command)
 for _command in client_commands.commands.values():  # report, stream-logs, wrap
     main.add_command(_command)

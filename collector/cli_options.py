@@ -23,3 +23,11 @@ def redacted(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def echo_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` under ``header`` in left-aligned columns, as kubectl and gh list things."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -22,6 +22,7 @@ from sqlalchemy import Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy import false
 from sqlalchemy import text
+from sqlalchemy import true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
@@ -277,3 +278,27 @@ class CredentialUse(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     last_used_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class Webhook(Base):
+    """A subscription: every job event whose status and cluster match is POSTed to ``url``.
+
+    ``start_after`` is the event feed's head when it was added: it hears of events after
+    that, never the history before it.
+    """
+
+    __tablename__ = "webhooks"
+    __table_args__ = (CheckConstraint("format IN ('json', 'slack')", name="format"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    statuses: Mapped[list[str]] = mapped_column(JSONDocument)
+    # Empty: every cluster.
+    clusters: Mapped[list[str]] = mapped_column(JSONDocument)
+    secret: Mapped[str | None] = mapped_column(String(256))
+    format: Mapped[str] = mapped_column(String(16))
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=true())
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    start_after: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str | None] = mapped_column(String(64))

@@ -230,6 +230,8 @@ def _markdown(docstring: str) -> str:
 
 def _path_parameter(name: str) -> dict[str, Any]:
     schema = TypeAdapter(Identifier).json_schema() if name == "job_id" else {"type": "string"}
+    if name == "webhook_id":
+        schema = {"type": "integer", "minimum": 1}
     return {"name": name, "in": "path", "required": True, "schema": schema}
 
 

@@ -13,6 +13,7 @@ import click
 
 from collector.cli_options import database_url_of
 from collector.cli_options import db_option
+from collector.cli_options import echo_table
 
 TOKENS_FILE_ENV = "COLLECTOR_TOKENS_FILE"
 tokens_file_option = click.option("--file", "path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -102,11 +103,8 @@ def token_list(path: Path | None, db: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = [("NAME", "ROLE", "CLUSTERS", "CREATED", "LAST USED")]
-    table += [(r["name"], r["role"], ",".join(r["clusters"]) or "*", r["created"], r["last_used"]) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    echo_table(("NAME", "ROLE", "CLUSTERS", "CREATED", "LAST USED"),
+               [(r["name"], r["role"], ",".join(r["clusters"]) or "*", r["created"], r["last_used"]) for r in rows])
 
 
 def _last_uses(db: str | None) -> dict[str, dt.datetime] | None:

@@ -71,12 +71,12 @@ class TestDatabase:
         with self.engine.begin() as conn:
             if self.is_postgres:
                 conn.execute(text("TRUNCATE slurm_jobs, cluster_probes, blob_chunks, blob_files, job_events, jobs, "
-                                  "job_counts, job_count_stripes, credential_uses "
+                                  "job_counts, job_count_stripes, credential_uses, webhooks "
                                   "RESTART IDENTITY CASCADE"))
             else:
                 # Children first: this inspection engine does not turn on SQLite's foreign keys.
                 for table in ("slurm_jobs", "cluster_probes", "blob_chunks", "blob_files", "job_events", "jobs",
-                              "job_counts", "job_count_stripes", "credential_uses"):
+                              "job_counts", "job_count_stripes", "credential_uses", "webhooks"):
                     conn.execute(text(f"DELETE FROM {table}"))
 
     def assert_counts_match_jobs(self) -> None:

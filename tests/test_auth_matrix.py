@@ -80,6 +80,8 @@ class Recipe:
     data: bytes | None = None
     stream: bool = False
     records_event: bool = False  # a success writes an event carrying the credential's name
+    admin_only: bool = False  # reads included: only an admin credential (or the spec's write token) may
+    webhook: bool = False  # the path names a webhook, created first (for a DELETE, which removes its own)
 
 
 def _now() -> str:
@@ -119,6 +121,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("/api/clusters/stream", "GET"): Recipe(200, stream=True),
     ("/api/clusters/{cluster}/status", "GET"): Recipe(200),
     ("/api/clusters/{cluster}/status", "PUT"): Recipe(200, json={"probed_at": "{now}"}),
+    # Webhooks: the URLs the collector will call, chosen and seen by admins alone.
+    ("/api/webhooks", "GET"): Recipe(200, admin_only=True),
+    ("/api/webhooks", "POST"): Recipe(201, admin_only=True, json={"url": "https://hooks.example/matrix"}),
+    ("/api/webhooks/{webhook_id}", "DELETE"): Recipe(200, admin_only=True, webhook=True),
 }
 
 
@@ -160,6 +166,8 @@ def expected(path: str, method: str, who: Who) -> tuple[int, str]:
         return success, "open route"
     if who.role is None:
         return 401, "no token"
+    if RECIPES[recipe_key(path, method)].admin_only:
+        return (success, "admin manages webhooks") if who.role == "admin" else (403, "webhooks need admin")
     if method in READ_METHODS:
         return success, "any credential reads"
     if who.role == "read":
@@ -264,7 +272,10 @@ def test_cell(matrix: Matrix, path: str, method: str, who: Who) -> None:
     if recipe.job == "existing":
         assert job_id is not None
         _create(server, job_id)
-    url = server.url + path.replace("{job_id}", job_id or "").replace("{cluster}", OWN)
+    webhook_id = server.post("/api/webhooks", json={"url": "https://hooks.example/delete-me"}).json()["id"] \
+        if recipe.webhook else None
+    url = server.url + path.replace("{job_id}", job_id or "").replace("{cluster}", OWN) \
+        .replace("{webhook_id}", str(webhook_id))
     headers = {"Authorization": f"Bearer {secret}"} if (secret := matrix.secrets[who.key]) else {}
     kwargs: dict[str, Any] = {"params": recipe.query, "headers": headers, "allow_redirects": False}
     if recipe.json is not None:
@@ -291,6 +302,8 @@ def test_cell(matrix: Matrix, path: str, method: str, who: Who) -> None:
     if status == 401:
         assert response.headers["WWW-Authenticate"] == "Bearer", cell
         assert head or answer is not None and answer["detail"] == "missing bearer token", cell
+    elif status == 403 and head:
+        pass  # no body to read: the status says it
     elif status == 403:
         assert answer is not None, cell
         if why == "out of scope":
@@ -306,6 +319,9 @@ def test_cell(matrix: Matrix, path: str, method: str, who: Who) -> None:
             assert answer["cluster"] == OWN, cell
 
     # The refused change left nothing behind; the allowed one is recorded under its writer.
+    if webhook_id is not None:
+        kept = [hook["id"] for hook in server.get("/api/webhooks").json()["webhooks"]]
+        assert (webhook_id in kept) is (status != 200), cell
     if job_id is not None and recipe.job != "seed":
         if method == "DELETE":
             assert _job_exists(server, job_id) is (status != 200), cell

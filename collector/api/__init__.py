@@ -17,6 +17,7 @@ from werkzeug.sansio.utils import get_content_length
 from collector import guard
 from collector.contract import NUL_FREE
 from collector.contract import Identifier
+from collector.credentials import ENV_READ
 from collector.credentials import OutOfScope
 from collector.errors import APIError
 from collector.errors import Unprocessable
@@ -50,6 +51,20 @@ def writer() -> str | None:
     """The name of the request's credential, kept on the events it writes (None on an open server)."""
     found = guard.credential()
     return found.name if found is not None else None
+
+
+def admin(what: str) -> str | None:
+    """The request's credential name when it is an admin's (the spec's write token is); else a 403 naming ``what``.
+
+    None on an open server, where every request may do everything.
+    """
+    found = guard.credential()
+    if found is None:
+        return None
+    if found.role != "admin":
+        who = "the read token" if found.name == ENV_READ else f"credential {found.name!r} has the {found.role} role:"
+        raise APIError(f"{who} cannot manage {what}: that needs an admin credential or the write token", status=403)
+    return found.name
 
 
 def read_body() -> bytes:
