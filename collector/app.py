@@ -15,6 +15,7 @@ from collector import guard
 from collector import janitor
 from collector import metrics
 from collector import ui
+from collector import webhook_delivery
 from collector.admission import Admission
 from collector.api import captures
 from collector.api import cluster_stream
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     fanout.init_app(app, database, settings)
     metrics.init_app(app, database)
     janitor.init_app(app, database, settings)
+    webhook_delivery.init_app(app, database, settings)
     cluster_stream.init_app(app, database)
     for blueprint in (system.bp, jobs.bp, cluster_stream.bp, clusters.bp, logs.bp, captures.bp, events.bp,
                       streams.bp, webhooks.bp, ui.bp):

@@ -21,6 +21,7 @@ from collector import metrics
 from collector import sweeper
 from collector.credentials import Keyring
 from collector.db import Database
+from collector.per_process import PerProcess
 from collector.settings import Settings
 from collector.store import credential_uses
 from collector.store import stale
@@ -63,20 +64,13 @@ class Janitor:
         self._swept_lock = threading.Lock()
         self.leadership = sweeper.leadership(database)
         self.leading = False
-        self._pid: int | None = None
-        self._lock = threading.Lock()
+        self._thread = PerProcess("collector-janitor", self._run)
         # lead() runs in the janitor thread; resign() also at shutdown, from another one.
         self._role_lock = threading.Lock()
 
     def ensure_running(self) -> None:
         """Start the janitor thread in this process if it is not running (cheap; every request calls it)."""
-        if self._pid == os.getpid():
-            return
-        with self._lock:
-            # After gunicorn forks, a thread started in the parent does not exist here.
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="collector-janitor", daemon=True).start()
+        self._thread.ensure_running()
 
     def _run(self) -> None:
         try:

@@ -44,6 +44,7 @@ from collector.guard import METRICS_PATH
 from collector.openapi import operation
 from collector.store import activity
 from collector.store import clusters
+from collector.store import deliveries
 from collector.store import event_ids
 
 log = logging.getLogger("collector")
@@ -102,6 +103,13 @@ POOL_CONNECTIONS = Gauge(
     "collector_db_pool_connections", "Database connections of the pools, checked out by a request or idle.",
     ["state"], multiprocess_mode="livesum",
 )
+WEBHOOK_DELIVERIES = Counter(
+    "collector_webhook_deliveries",
+    "Webhook delivery attempts by outcome: sent (2xx), retried (to be tried again) or dead (given up, or 410 Gone).",
+    ["outcome"],
+)
+for _outcome in ("sent", "retried", "dead"):
+    WEBHOOK_DELIVERIES.labels(outcome=_outcome)
 for _kind in ("logs", "captures"):
     INGESTED_BYTES.labels(kind=_kind)  # present at 0 from the start, so rate() has a base
 _CHECKED_OUT = POOL_CONNECTIONS.labels(state="checked_out")
@@ -140,6 +148,7 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
         now = dt.datetime.now(dt.UTC)
         probed = database.run(lambda conn: clusters.health(conn, now))
         held = database.run(event_ids.oldest_writer_age)
+        pending = database.run(deliveries.pending_count)
     except SQLAlchemyError as exc:
         # The rest of the scrape is worth most while the database is down: answer it.
         log.warning("metrics: database query failed: %s", str(exc).strip().splitlines()[0])
@@ -171,6 +180,10 @@ def _database_families(database: Database) -> Iterator[GaugeMetricFamily]:
         probe_ages.add_metric([cluster], age)
     yield status
     yield probe_ages
+    yield GaugeMetricFamily(
+        "collector_webhook_deliveries_pending", "Webhook deliveries still to go (due now or waiting to retry).",
+        value=pending,
+    )
     yield GaugeMetricFamily(
         "collector_feed_held_seconds",
         "PostgreSQL: how long the oldest write transaction on the server has run; the event feed waits for it.",
@@ -206,6 +219,11 @@ def stored_upload(kind: str, new_bytes: int, created_job: bool) -> None:
         INGESTED_BYTES.labels(kind=kind).inc(new_bytes)
     if created_job:
         EVENTS_APPENDED.inc()
+
+
+def webhook_delivered(outcome: str) -> None:
+    """Count a webhook delivery attempt's outcome: sent, retried or dead."""
+    WEBHOOK_DELIVERIES.labels(outcome=outcome).inc()
 
 
 def event_appended() -> None:

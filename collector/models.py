@@ -302,3 +302,41 @@ class Webhook(Base):
     start_after: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     created_by: Mapped[str | None] = mapped_column(String(64))
+
+
+class WebhookDelivery(Base):
+    """One event on its way to one subscription: pending until a 2xx (sent) or until it gives up (dead).
+
+    Rows come from the event feed (collector/store/deliveries.py ``fan_out``), so they
+    exist for every event a subscription matches however the process that wrote the event
+    ended. ``claimed_until`` is a sender's lease: past it, another process may send again.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("webhook_id", "event_id"),
+        CheckConstraint("state IN ('pending', 'sent', 'dead')", name="state"),
+        Index("ix_webhook_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("job_events.id", ondelete="CASCADE"), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    claimed_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class WebhookCursor(Base):
+    """How far along the event feed deliveries have been made: one row (id 1)."""
+
+    __tablename__ = "webhook_cursor"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    position: Mapped[int] = mapped_column(BigInteger)

@@ -189,6 +189,8 @@ def post_worker_init(worker: GunicornWorker) -> None:
     # Every worker competes for the stale-job sweep from its start, not from its first
     # request: a replacement for a dead sweeper must take over even if no traffic comes.
     extensions["collector.janitor"].ensure_running()
+    # Likewise deliveries: those left pending by a restart must go without waiting for a request.
+    extensions["collector.webhooks"].ensure_running()
     # Read the tokens file now, so a worker that starts while it is broken says so at once.
     extensions["collector.keyring"].refresh()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,10 @@ class Settings:
     log_level: str = "info"
     access_log_level: str = "info"
     server_log_level: str | None = None
+    # Webhooks (collector/webhook_delivery.py): where people open the page (the links in
+    # Slack messages; None: no link), and how often each process looks for work.
+    public_url: str | None = None
+    webhook_poll_s: float = 0.5
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -186,6 +191,8 @@ class Settings:
             log_level=_level(env, "COLLECTOR_LOG_LEVEL") or "info",
             access_log_level=_level(env, "COLLECTOR_ACCESS_LOG_LEVEL") or "info",
             server_log_level=_level(env, "GUNICORN_LOG_LEVEL"),
+            public_url=(env.get("COLLECTOR_PUBLIC_URL") or "").strip().rstrip("/") or None,
+            webhook_poll_s=_float(env, "COLLECTOR_WEBHOOK_POLL_INTERVAL", 0.5),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "database_url" in overrides and overrides["database_url"] is not None:
@@ -269,6 +276,10 @@ class Settings:
             raise SettingsError("workers (COLLECTOR_WORKERS, --workers) must be at least 1")
         if self.max_streams < 0:
             raise SettingsError("max_streams must be zero (streams off) or more")
+        if not self.webhook_poll_s > 0:
+            raise SettingsError("webhook_poll_s (COLLECTOR_WEBHOOK_POLL_INTERVAL) must be a positive number of seconds")
+        if self.public_url is not None and not re.match(r"https?://[^/\s]+", self.public_url):
+            raise SettingsError(f"COLLECTOR_PUBLIC_URL must be an http:// or https:// URL, got {self.public_url!r}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"COLLECTOR_LOG_FORMAT must be 'text' or 'json', got {self.log_format!r}")
         if self.metrics_auth is not None and self.metrics_auth not in METRICS_AUTH:

@@ -56,6 +56,12 @@ def pytest_report_header(config):
     return f"collector database: {'PostgreSQL ' + make_url(PG_URL).render_as_string() if PG_URL else 'SQLite'}"
 
 
+# What a test's clean slate empties, children first. Not webhook_cursor: its one row
+# stays, at a position event ids only grow past.
+CLEANED = ("webhook_deliveries", "slurm_jobs", "cluster_probes", "blob_chunks", "blob_files", "job_events", "jobs",
+           "job_counts", "job_count_stripes", "credential_uses", "webhooks")
+
+
 @dataclasses.dataclass
 class TestDatabase:
     """A migrated database for this test session, and an engine to inspect it."""
@@ -70,13 +76,10 @@ class TestDatabase:
     def clean(self) -> None:
         with self.engine.begin() as conn:
             if self.is_postgres:
-                conn.execute(text("TRUNCATE slurm_jobs, cluster_probes, blob_chunks, blob_files, job_events, jobs, "
-                                  "job_counts, job_count_stripes, credential_uses, webhooks "
-                                  "RESTART IDENTITY CASCADE"))
+                conn.execute(text(f"TRUNCATE {', '.join(CLEANED)} RESTART IDENTITY CASCADE"))
             else:
                 # Children first: this inspection engine does not turn on SQLite's foreign keys.
-                for table in ("slurm_jobs", "cluster_probes", "blob_chunks", "blob_files", "job_events", "jobs",
-                              "job_counts", "job_count_stripes", "credential_uses", "webhooks"):
+                for table in CLEANED:
                     conn.execute(text(f"DELETE FROM {table}"))
 
     def assert_counts_match_jobs(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
 import pwd
 import random
@@ -147,14 +148,7 @@ def test_kill_9_of_a_gunicorn_worker_under_load(database):
         replaced = []
         for _ in range(3):
             time.sleep(1.5)
-            victim = random.choice(workers_of(master))
-            booted = "Booting worker with pid: "
-            before = server.output.count(booted)
-            os.kill(victim, signal.SIGKILL)
-            killed = time.monotonic()
-            wait_for(functools.partial(replaced_worker, server, master, booted, before, victim), 15,
-                     "a replacement worker")
-            replaced.append(time.monotonic() - killed)
+            replaced.append(kill_a_worker(server, master))
         time.sleep(1.0)
         load.stop()
         report = verify(database.engine, load.writes, url=server.url)
@@ -721,3 +715,101 @@ def test_kill_9_of_writing_workers_loses_no_event_on_another_instances_streams(p
     assert len(expected) >= len([w for w in load.acked if w.changes_job]) > 0
     for ids in received:
         assert ids == expected  # every event once, in feed order
+
+
+# --- 10. webhook deliveries across kill -9 of workers ---------------------------------------------
+
+
+def events_of(database, prefix: str) -> list[int]:
+    """The ids of every stored event of the jobs whose id starts with ``prefix``, in feed order."""
+    with database.engine.connect() as conn:
+        return list(conn.execute(text(
+            "SELECT e.id FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE j.job_id LIKE :p ORDER BY e.id"),
+            {"p": prefix + "%"}).scalars())
+
+
+def delivered(receiver) -> list[int]:
+    """The event id of every delivery the receiver got, in arrival order."""
+    return [json.loads(request.body)["event"]["id"] for request in receiver.of("POST")]
+
+
+def test_webhook_deliveries_come_once_while_healthy_and_none_is_lost_to_kill_9(database, recorder):
+    database.clean()
+    receiver = recorder(script=lambda request, recorder: (200, {}, b"ok"))
+    server = gunicorn(database.url, workers=2, COLLECTOR_WEBHOOK_POLL_INTERVAL="0.1")
+    try:
+        master = server.proc.pid
+        wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
+        every_status = ["submitted", "starting", "workers", "frontend", "benchmark", "completed", "failed", "timeout"]
+        assert requests.post(f"{server.url}/api/webhooks", json={"url": receiver.url, "statuses": every_status},
+                             timeout=10).status_code == 201
+        # Healthy: both workers deliver, each event exactly once, in feed order.
+        calm = Load(server.url, prefix="hook-calm-", threads=4, jobs=12).start().wait(60)
+        healthy = events_of(database, "hook-calm-")
+        wait_for(lambda: len(delivered(receiver)) >= len(healthy), 30, "every healthy delivery")
+        time.sleep(0.5)
+        assert delivered(receiver) == healthy
+        # Workers killed mid-load: every event still arrives, in order of first arrival.
+        load = Load(server.url, prefix="hook-kill-", threads=4).start()
+        kills = 0
+        for _ in range(2):
+            time.sleep(1.5)
+            kill_a_worker(server, master)
+            kills += 1
+        time.sleep(1.0)
+        load.stop()
+        report = verify(database.engine, load.writes, url=server.url)
+        expected = healthy + events_of(database, "hook-kill-")
+        started = time.monotonic()
+        # A delivery a killed worker held waits out its lease (30 s) before another sends it.
+        wait_for(lambda: set(delivered(receiver)) >= set(expected), 120, "every delivery after the kills")
+        caught_up = time.monotonic() - started
+    finally:
+        server.stop()
+    arrivals = delivered(receiver)
+    first_arrivals = list(dict.fromkeys(arrivals))
+    repeats = len(arrivals) - len(first_arrivals)
+    figure(f"webhooks, kill -9 of workers ({database.url.split(':')[0]}): {kills} kills, {len(expected)} events "
+           f"delivered, {repeats} sent twice, caught up {caught_up:.1f} s after the load; {calm.summary()}; "
+           f"{load.summary()}")
+    assert_stored(report, load)
+    assert first_arrivals == expected  # each once at least, in feed order
+    # Only what a killed worker was sending can go twice: one per kill (a subscription has one in flight).
+    assert repeats <= kills
+
+
+def test_deliveries_pending_at_a_kill_9_of_the_whole_server_go_after_the_restart_without_a_request(
+        database, recorder):
+    database.clean()
+    refusing = threading.Event()
+    refusing.set()
+    receiver = recorder(script=lambda request, recorder: (503, {}, b"down") if refusing.is_set() else
+                        (200, {}, b"ok"))
+    server = gunicorn(database.url, workers=2, COLLECTOR_WEBHOOK_POLL_INTERVAL="0.1")
+    try:
+        assert requests.post(f"{server.url}/api/webhooks", json={"url": receiver.url, "statuses": ["submitted"]},
+                             timeout=10).status_code == 201
+        load = Load(server.url, prefix="hook-restart-", threads=2, jobs=6).start().wait(60)
+        expected = [event for event in events_of(database, "hook-restart-")
+                    if database.scalar("SELECT status FROM job_events WHERE id = :i", i=event) == "submitted"]
+        assert len(expected) == 6
+        wait_for(lambda: database.scalar("SELECT count(*) FROM webhook_deliveries") == 6, 10, "six deliveries")
+        wait_for(lambda: database.scalar("SELECT count(*) FROM webhook_deliveries WHERE attempts > 0"), 10,
+                 "a refused delivery")
+        os.killpg(server.proc.pid, signal.SIGKILL)  # master and workers, mid-retry
+        server.proc.wait(timeout=10)
+        server.stop()
+        assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'") == 6
+        refusing.clear()
+        server = gunicorn(database.url, workers=2, COLLECTOR_WEBHOOK_POLL_INTERVAL="0.1")
+        restarted = time.monotonic()
+        # No request reaches the new server: its workers start delivering on their own.
+        wait_for(lambda: set(delivered(receiver)) >= set(expected), 60, "every delivery after the restart")
+        caught_up = time.monotonic() - restarted
+    finally:
+        server.stop()
+    accepted = [json.loads(r.body)["event"]["id"] for r in receiver.of("POST") if r.answer == (200, b"ok")]
+    figure(f"webhooks, kill -9 of the server with 6 deliveries pending ({database.url.split(':')[0]}): all "
+           f"delivered {caught_up:.1f} s after the restart; {load.summary()}")
+    assert accepted == expected  # each taken once, in feed order
+    assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE state = 'sent'") == 6

@@ -170,3 +170,22 @@ def test_workers_default_to_one_on_sqlite_and_two_per_cpu_on_postgresql():
 def test_serving_variables_are_checked(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env).check()
+
+
+def test_webhook_settings_are_read_and_checked():
+    read = Settings.from_env({"COLLECTOR_PUBLIC_URL": " https://gpu.example/status/ ",
+                              "COLLECTOR_WEBHOOK_POLL_INTERVAL": "0.25"})
+    assert (read.public_url, read.webhook_poll_s) == ("https://gpu.example/status", 0.25)
+    assert (Settings.from_env({}).public_url, Settings.from_env({}).webhook_poll_s) == (None, 0.5)
+    read.check()
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"COLLECTOR_PUBLIC_URL": "gpu.example"},
+     "COLLECTOR_PUBLIC_URL must be an http:// or https:// URL, got 'gpu.example'"),
+    ({"COLLECTOR_WEBHOOK_POLL_INTERVAL": "0"},
+     "webhook_poll_s (COLLECTOR_WEBHOOK_POLL_INTERVAL) must be a positive number of seconds"),
+])
+def test_bad_webhook_settings_refuse_to_start(env, message):
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}$"):
+        Settings.from_env(env).check()

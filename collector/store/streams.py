@@ -30,6 +30,12 @@ _SELECT = select(
 _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
 
 
+def one(conn: Connection, event_id: int) -> StreamEvent | None:
+    """One event with its job as it is now, or None once it is gone (its job deleted or pruned)."""
+    row = conn.execute(_SELECT.where(EVENTS.c.id == event_id)).mappings().first()
+    return None if row is None else _event(row)
+
+
 def newest_id(conn: Connection) -> int:
     """The id of the newest readable event (0 for an empty feed): the live edge."""
     settled = event_ids.below_horizon(conn, EVENTS.c.id)

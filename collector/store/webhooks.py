@@ -7,19 +7,17 @@ from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy import delete
-from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 
-from collector.models import JobEvent
 from collector.models import Webhook as WebhookModel
+from collector.store import streams
 from collector.store.core import table
 from collector.store.errors import NotFound
 from collector.webhook_contract import Webhook
 from collector.webhook_contract import WebhookCreate
 
 WEBHOOKS = table(WebhookModel)
-EVENTS = table(JobEvent)
 MAX_ID = 2**31 - 1  # an INTEGER primary key
 
 
@@ -31,7 +29,7 @@ def _shown(row: Any) -> Webhook:
 
 def add(conn: Connection, subscription: WebhookCreate, now: dt.datetime, *, created_by: str | None = None) -> Webhook:
     """Store a subscription; it hears of events appended from now on."""
-    head = conn.execute(select(func.coalesce(func.max(EVENTS.c.id), 0))).scalar_one()
+    head = streams.newest_id(conn)
     pk = conn.execute(insert(WEBHOOKS).returning(WEBHOOKS.c.id), {
         "url": subscription.url, "statuses": [s.value for s in subscription.statuses],
         "clusters": subscription.clusters, "secret": subscription.secret, "format": subscription.format.value,

@@ -1,0 +1,30 @@
+"""Background threads that run once in each serving process, whichever process that is."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+
+class PerProcess:
+    """Runs ``target`` on a daemon thread the first time ``ensure_running`` is called in each process.
+
+    After gunicorn forks a worker, a thread started in the parent does not exist in it:
+    the pid tells which process last started it.
+    """
+
+    def __init__(self, name: str, target: Callable[[], None]) -> None:
+        self.name = name
+        self.target = target
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def ensure_running(self) -> None:
+        """Start the thread in this process if it is not running (cheap: every request may call it)."""
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self.target, name=self.name, daemon=True).start()

@@ -1,0 +1,190 @@
+"""Webhook delivery end to end: a real collector fans its events out to real HTTP receivers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+import uuid
+
+import pytest
+
+from collector.store import deliveries
+from tests.helpers import HANG
+from tests.helpers import Recorder
+from tests.helpers import put
+from tests.helpers import submit
+from tests.helpers import wait_for
+
+PUBLIC = "https://collector.example"
+OK = (200, {"Content-Type": "text/plain"}, b"ok")
+
+
+@pytest.fixture
+def api(serve):
+    """A collector that looks for deliveries often, and knows where its page is."""
+    return serve(write_token="w-" + uuid.uuid4().hex, read_token="r-" + uuid.uuid4().hex, webhook_poll_s=0.05,
+                 public_url=PUBLIC)
+
+
+def answering(*answers):
+    """A receiver script: these answers in turn, then 200 for good."""
+    queue = list(answers)
+    return lambda request, recorder: queue.pop(0) if queue else OK
+
+
+def subscribe(api, url: str, **fields) -> dict:
+    response = api.post("/api/webhooks", json={"url": url, **fields})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def fail(api, job_id: str, cluster: str, message: str = "OOM on node-3", exit_code: int = 1) -> None:
+    assert put(api, job_id, status="failed", message=message, exit_code=exit_code,
+               updated_at="2026-12-03T09:00:00Z", metadata={"cluster": cluster}).status_code == 200
+
+
+def posted(receiver: Recorder, count: int, timeout: float = 10.0) -> list:
+    return wait_for(lambda: receiver.of("POST") if len(receiver.of("POST")) >= count else None, timeout,
+                    f"{count} deliveries")
+
+
+def metric(api, line_start: str) -> float:
+    """The value of the /metrics sample whose line starts with ``line_start``."""
+    text = api.get("/metrics").text
+    (value,) = [line.split(" ")[-1] for line in text.splitlines() if line.startswith(line_start + " ")]
+    return float(value)
+
+
+def state_of(database, delivery_id: int) -> tuple:
+    return database.row("SELECT state, attempts, last_status FROM webhook_deliveries WHERE id = :i", i=delivery_id)
+
+
+def test_a_matching_event_is_posted_once_signed_with_its_job(api, recorder, database):
+    receiver = recorder(script=answering())
+    hook = subscribe(api, receiver.url + "/hook", statuses=["failed"], clusters=["b200"], secret="s3cret")
+    sent_before = metric(api, 'collector_webhook_deliveries_total{outcome="sent"}')
+    submit(api, "j1", cluster="b200")
+    submit(api, "j2", cluster="h100")
+    assert put(api, "j1", status="starting", metadata={"cluster": "b200"}).status_code == 200  # not a status it wants
+    fail(api, "j2", "h100")  # not a cluster it wants
+    fail(api, "j1", "b200")
+    (request,) = posted(receiver, 1)
+    time.sleep(0.5)  # nothing else follows
+    assert len(receiver.of("POST")) == 1
+
+    delivered = json.loads(request.body)
+    event_id = database.scalar("SELECT max(e.id) FROM job_events e JOIN jobs j ON j.id = e.job_pk "
+                               "WHERE j.job_id = 'j1'")
+    assert request.path == "/hook"
+    assert request.headers["X-Collector-Signature"] == "sha256=" + hmac.new(
+        b"s3cret", request.body, hashlib.sha256).hexdigest()
+    assert request.headers["X-Collector-Event"] == "failed"
+    assert request.headers["X-Collector-Delivery"] == str(delivered["delivery_id"])
+    assert request.headers["Content-Type"] == "application/json"
+    job = api.get("/api/jobs/j1", params={"cluster": "b200"}).json()
+    assert delivered == {
+        "delivery_id": delivered["delivery_id"], "webhook_id": hook["id"],
+        "event": {"id": event_id, "job_id": "j1", "cluster": "b200", "status": "failed", "stage": None,
+                  "message": "OOM on node-3", "created_at": "2026-12-03T09:00:00Z"},
+        "job": {name: job[name] for name in ("job_id", "job_name", "status", "stage", "message", "cluster",
+                                             "submitted_at", "started_at", "completed_at", "updated_at",
+                                             "exit_code")},
+        "link": f"{PUBLIC}/?job=j1&job_cluster=b200",
+    }
+    assert state_of(database, delivered["delivery_id"]) == ("sent", 1, 200)
+    assert metric(api, 'collector_webhook_deliveries_total{outcome="sent"}') == sent_before + 1
+    assert metric(api, "collector_webhook_deliveries_pending") == 0
+
+
+def test_slack_gets_one_line_with_the_exit_code_and_a_link(api, recorder):
+    receiver = recorder(script=answering())
+    subscribe(api, receiver.url, format="slack")
+    submit(api, "12345", cluster="b200")
+    fail(api, "12345", "b200", message="Job failed with exit code 1")
+    (request,) = posted(receiver, 1)
+    assert json.loads(request.body) == {
+        "text": f"b200/12345 failed (exit 1): Job failed with exit code 1 {PUBLIC}/?job=12345&job_cluster=b200"}
+    assert "X-Collector-Signature" not in request.headers  # no secret, no signature
+
+
+def test_a_failing_receiver_gets_the_same_delivery_again_then_the_next_in_order(api, recorder, database):
+    receiver = recorder(script=answering((500, {}, b"busy"), (503, {}, b"later")))
+    subscribe(api, receiver.url, statuses=["starting", "workers", "failed"])
+    submit(api, "j1", cluster="b200")
+    assert put(api, "j1", status="starting", metadata={"cluster": "b200"}).status_code == 200
+    assert put(api, "j1", status="workers", updated_at="2026-12-03T08:30:00Z",
+               metadata={"cluster": "b200"}).status_code == 200
+    fail(api, "j1", "b200")
+    # 1 s, then 2 s of backoff before the third try of the first event.
+    requests_ = posted(receiver, 5, timeout=15)
+    statuses = [json.loads(r.body)["event"]["status"] for r in requests_]
+    assert statuses == ["starting", "starting", "starting", "workers", "failed"]
+    first = json.loads(requests_[0].body)["delivery_id"]
+    assert {r.headers["X-Collector-Delivery"] for r in requests_[:3]} == {str(first)}
+    assert requests_[2].answer == (200, b"ok")
+    assert state_of(database, first) == ("sent", 3, 200)
+    assert database.scalar("SELECT last_error FROM webhook_deliveries WHERE id = :i", i=first) is None
+
+
+def test_410_gone_disables_the_subscription(api, recorder, database):
+    receiver = recorder(script=answering((410, {}, b"gone")))
+    hook = subscribe(api, receiver.url)
+    submit(api, "j1", cluster="b200")
+    fail(api, "j1", "b200")
+    posted(receiver, 1)
+    listed = wait_for(lambda: [h for h in api.get("/api/webhooks").json()["webhooks"] if not h["enabled"]], 5,
+                      "the subscription disabled")
+    assert listed[0]["id"] == hook["id"]
+    assert listed[0]["disabled_reason"].startswith("the receiver answered 410 Gone at ")
+    submit(api, "j2", cluster="b200")
+    fail(api, "j2", "b200")
+    time.sleep(0.6)
+    assert len(receiver.of("POST")) == 1
+    # The subscription's one delivery, dead, with the start of what the receiver said.
+    assert database.row("SELECT state, attempts, last_status, last_error FROM webhook_deliveries") == (
+        "dead", 1, 410, "gone")
+
+
+def test_a_hanging_receiver_does_not_delay_the_others(api, recorder):
+    hanging = recorder(script=lambda request, recorder: HANG)
+    healthy = recorder(script=answering())
+    subscribe(api, hanging.url)
+    subscribe(api, healthy.url)
+    submit(api, "j1", cluster="b200")
+    started = time.monotonic()
+    fail(api, "j1", "b200")
+    posted(healthy, 1, timeout=2)
+    assert time.monotonic() - started < 2
+    assert len(hanging.of("POST")) == 1
+    assert metric(api, "collector_webhook_deliveries_pending") == 1  # the hanging one
+
+
+def test_an_unreachable_receiver_is_retried_and_says_why(api, database):
+    subscribe(api, "http://127.0.0.1:9/nothing-listens")
+    submit(api, "j1", cluster="b200")
+    fail(api, "j1", "b200")
+    row = wait_for(lambda: database.row("SELECT state, attempts, last_status, last_error FROM webhook_deliveries")
+                   if database.scalar("SELECT count(*) FROM webhook_deliveries WHERE attempts > 0") else None, 5,
+                   "a failed attempt")
+    assert row[:3] == ("pending", 1, None)
+    assert row[3].startswith("ConnectionError: ")
+
+
+def test_a_subscription_hears_nothing_of_what_came_before_it_and_removing_it_drops_its_deliveries(
+        api, recorder, database):
+    submit(api, "old", cluster="b200")
+    fail(api, "old", "b200")
+    receiver = recorder(script=lambda request, recorder: HANG)
+    hook = subscribe(api, receiver.url)
+    submit(api, "new", cluster="b200")
+    fail(api, "new", "b200")
+    (request,) = posted(receiver, 1)
+    assert json.loads(request.body)["event"]["job_id"] == "new"
+    assert api.delete(f"/api/webhooks/{hook['id']}").status_code == 200
+    assert database.scalar("SELECT count(*) FROM webhook_deliveries") == 0
+
+
+def test_the_retry_delay_doubles_from_one_second_to_ten_minutes():
+    assert [deliveries.retry_delay(n) for n in (1, 2, 3, 4, 10, 11, 50)] == [1, 2, 4, 8, 512, 600, 600]
