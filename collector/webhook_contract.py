@@ -88,3 +88,34 @@ class WebhookList(BaseModel):
     """``GET /api/webhooks``: every subscription, oldest first."""
 
     webhooks: list[Webhook]
+
+
+class DeliveryState(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and f-strings of a member
+    """Where a delivery is: still to go (due, or waiting to retry), taken by the receiver, or given up."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    DEAD = "dead"
+
+
+class JobDelivery(BaseModel):
+    """One webhook delivery of one of the job's events: never the subscription's URL, nor the receiver's answer."""
+
+    delivery_id: int
+    webhook_id: int
+    event_id: int
+    event_status: JobStatus
+    state: DeliveryState
+    attempts: int
+    last_status: int | None = Field(description="The HTTP status of the newest try; null before one, or no answer.")
+    created_at: OutTimestamp
+    next_attempt_at: OutTimestamp | None = Field(description="When a pending delivery is due next; null otherwise.")
+    sent_at: OutTimestamp | None
+
+
+class JobDeliveryList(BaseModel):
+    """``GET /api/jobs/{job_id}/deliveries``: the webhook deliveries of the job's events, oldest first."""
+
+    job_id: str
+    cluster: str | None
+    deliveries: list[JobDelivery]

@@ -112,6 +112,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("/api/jobs/{job_id}/logs", "POST"): Recipe(200, job="fresh", records_event=True, data=b"line\n",
                                                 query={"cluster": OWN, "file": LOG, "offset": 0}),
     ("/api/jobs/{job_id}/captures", "GET"): Recipe(200, job="seed", query={"cluster": OWN}),
+    ("/api/jobs/{job_id}/deliveries", "GET"): Recipe(200, job="seed", query={"cluster": OWN}),
     ("/api/jobs/{job_id}/captures", "POST"): Recipe(200, job="fresh", records_event=True, data=b"PAR1",
                                                     query={"cluster": OWN, "file": SEGMENT, "offset": 0, "total": 4}),
     # Events and clusters.

@@ -27,7 +27,7 @@ from collector.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "dashboards.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "collector.json"
-VIEWS = ("jobs", "job_events", "stage_durations", "cluster_activity", "cluster_health")
+VIEWS = ("jobs", "job_events", "stage_durations", "cluster_activity", "cluster_health", "webhook_deliveries")
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 # Every seeded job starts from here; three hours back keeps the 24-hour figures and a
 # six-hour dashboard range around all of them.
@@ -463,8 +463,35 @@ def connect_as(database, role: str, password: str) -> tuple[psycopg.Connection, 
     return conn, "login"
 
 
+def delivery_of_newest_event(database, state: str = "sent") -> int:
+    """A webhook subscription with one delivery of the newest event, written straight to the tables."""
+    with database.engine.begin() as conn:
+        hook = conn.execute(text(
+            "INSERT INTO webhooks (url, statuses, clusters, secret, format, start_after, created_at) VALUES "
+            "('https://hooks.example/secret-path', '[\"failed\"]', '[]', 'k', 'json', 0, now()) RETURNING id"
+        )).scalar_one()
+        return conn.execute(text(
+            "INSERT INTO webhook_deliveries (webhook_id, event_id, state, attempts, created_at, next_attempt_at, "
+            "last_status, sent_at) SELECT :hook, max(id), :state, 1, now(), now(), 200, now() FROM job_events "
+            "RETURNING id"), {"hook": hook, "state": state}).scalar_one()
+
+
+def test_webhook_deliveries_view_names_the_event_and_its_job_never_the_url(seeded):
+    delivery = delivery_of_newest_event(seeded)
+    newest = rows(seeded, "SELECT j.cluster, j.job_id, e.status FROM job_events e JOIN jobs j ON j.id = e.job_pk "
+                          "ORDER BY e.id DESC LIMIT 1")[0]
+    shown = rows(seeded, "SELECT delivery_id, cluster, job_id, event_status, state, attempts, last_status "
+                         "FROM collector_api.webhook_deliveries")
+    assert shown == [(delivery, *newest, "sent", 1, 200)]
+    columns = [name for (name,) in rows(seeded, "SELECT column_name FROM information_schema.columns "
+                                                "WHERE table_schema = 'collector_api' "
+                                                "AND table_name = 'webhook_deliveries'")]
+    assert "url" not in columns and "secret" not in columns
+
+
 def test_grant_readonly_reads_the_views_and_nothing_else(seeded, api):
     probe_report(api, "alpha")  # a row for cluster_health
+    delivery_of_newest_event(seeded)  # and one for webhook_deliveries
     role, password = f"grafana_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     env = {"GRAFANA_TEST_PASSWORD": password}
     try:
@@ -493,7 +520,8 @@ def test_grant_readonly_reads_the_views_and_nothing_else(seeded, api):
                 conn.execute(expand(target["rawSql"], ["alpha", "beta"], panel.get("interval", "5m")))
             for table in ("jobs", "job_events", "job_counts", "job_count_stripes", "event_id_shift",
                           "blob_files", "blob_chunks", "cluster_probes",
-                          "slurm_jobs", "alembic_version"):
+                          "slurm_jobs", "alembic_version", "webhooks", "webhook_deliveries", "webhook_cursor",
+                          "credential_uses"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(sql.SQL("SELECT 1 FROM public.{}").format(sql.Identifier(table)))
             if how != "set role":  # a login gets the role's settings; SET ROLE does not

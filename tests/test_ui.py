@@ -26,6 +26,7 @@ from collector.contract import format_timestamp
 from tests.helpers import WAIT_MS
 from tests.helpers import put
 from tests.helpers import reported
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = os.environ.get("COLLECTOR_UI_SCREENSHOTS")
@@ -897,3 +898,26 @@ def test_ansi_stripper(scripts, case):
     text, expected = ANSI_CASES[case]
     # Twice: the pattern is global, and a stale lastIndex must not change the second answer.
     assert scripts.evaluate("text => [C.stripAnsi(text), C.stripAnsi(text)]", text) == [expected, expected]
+
+
+def test_the_detail_pane_shows_the_jobs_webhook_deliveries(serve, recorder, page, database):
+    server = serve(write_token="w-ui", read_token="r-ui", webhook_poll_s=0.05, **FAST)
+    taken = recorder(script=lambda request, recorder: (200, {}, b"ok"))
+    refused = recorder(script=lambda request, recorder: (500, {}, b"no"))
+    for url in (taken.url, refused.url):
+        assert server.post("/api/webhooks", json={"url": url, "statuses": ["failed"]}).status_code == 201
+    body = {"job_id": "7001", "job_name": "hooked", "cluster": "gb300", "submitted_at": at(0)}
+    assert server.post("/api/jobs", json=body).status_code == 201
+    put(server, "7001", "failed", message="Job failed with exit code 3", exit_code=3, updated_at=at(5),
+        metadata={"cluster": "gb300"})
+    wait_for(lambda: database.scalar("SELECT count(*) FROM webhook_deliveries WHERE state = 'sent' OR attempts > 0")
+             == 2, 10, "one delivery sent and the other tried")
+    open_page(page, server, "?job=7001&job_cluster=gb300")
+    page.wait_for_selector("table.deliveries tbody tr >> nth=1")
+    rows = page.evaluate("""() => [...document.querySelectorAll('table.deliveries tbody tr')].map(tr =>
+        [tr.className, ...[...tr.cells].map(td => td.textContent.trim())])""")
+    assert [row[:3] for row in rows] == [["sent", "✗ failed", "webhook 1"], ["pending", "✗ failed", "webhook 2"]]
+    assert re.fullmatch(r"sent \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", rows[0][3]), rows[0]
+    assert re.fullmatch(r"retrying: \d+ tr(y|ies), answered 500; next \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", rows[1][3]), rows
+    assert taken.url not in page.content() and refused.url not in page.content()
+

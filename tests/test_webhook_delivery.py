@@ -96,6 +96,18 @@ def test_a_matching_event_is_posted_once_signed_with_its_job(api, recorder, data
     assert state_of(database, delivered["delivery_id"]) == ("sent", 1, 200)
     assert metric(api, 'collector_webhook_deliveries_total{outcome="sent"}') == sent_before + 1
     assert metric(api, "collector_webhook_deliveries_pending") == 0
+    # What the page shows under the job: any reader may see it, never the URL.
+    shown = api.get("/api/jobs/j1/deliveries", params={"cluster": "b200"}, token=api.settings.read_token)
+    assert shown.status_code == 200, shown.text
+    (row,) = shown.json()["deliveries"]
+    assert row.pop("created_at").endswith("Z") and row.pop("sent_at").endswith("Z")
+    assert shown.json()["cluster"] == "b200" and receiver.url not in shown.text
+    assert row == {"delivery_id": delivered["delivery_id"], "webhook_id": hook["id"], "event_id": event_id,
+                   "event_status": "failed", "state": "sent", "attempts": 1, "last_status": 200,
+                   "next_attempt_at": None}
+    assert api.get("/api/jobs/j2/deliveries", params={"cluster": "h100"}).json()["deliveries"] == []
+    missing = api.get("/api/jobs/nope/deliveries")
+    assert (missing.status_code, missing.json()["detail"]) == (404, "job nope not found")
 
 
 def test_slack_gets_one_line_with_the_exit_code_and_a_link(api, recorder):

@@ -27,8 +27,13 @@
     const seq = ++S.detailSeq;
     const job = route.job;
     let detail;
+    const params = { cluster: job.cluster || undefined };
+    const path = `api/jobs/${encodeURIComponent(job.job_id)}`;
+    // The job's webhook deliveries beside it; a collector without them still shows the job.
+    const sent = C.get(`${path}/deliveries`, params).then((found) => found.deliveries, () => []);
     try {
-      detail = await C.get(`api/jobs/${encodeURIComponent(job.job_id)}`, { cluster: job.cluster || undefined });
+      detail = await C.get(path, params);
+      detail.deliveries = await sent;
     } catch (error) {
       if (seq !== S.detailSeq) return;
       if (error.status === 404) {
@@ -136,6 +141,27 @@
     return [event.message ? " " : null, el("span", { class: "by" }, `by ${event.credential}`)];
   }
 
+  /** How a webhook delivery stands, in words: sent, retrying (tries so far, next try) or given up. */
+  function deliveryState(delivery) {
+    if (delivery.state === "sent") return `sent ${localTime(delivery.sent_at)}`;
+    const tries = `${delivery.attempts} ${delivery.attempts === 1 ? "try" : "tries"}`;
+    const answer = delivery.last_status === null ? "no answer" : `answered ${delivery.last_status}`;
+    if (delivery.state === "dead") return `gave up after ${tries} (${answer})`;
+    if (delivery.attempts === 0) return "sending";
+    return `retrying: ${tries}, ${answer}; next ${localTime(delivery.next_attempt_at)}`;
+  }
+
+  /** The job's webhook deliveries, when a subscription wanted any of its events. */
+  function notifications(deliveries) {
+    if (!deliveries.length) return [];
+    const rows = deliveries.map((delivery) => el("tr", { "data-delivery": delivery.delivery_id, class: delivery.state },
+      el("td", {}, statusBadge(delivery.event_status)), el("td", { class: "num" }, `webhook ${delivery.webhook_id}`),
+      el("td", {}, deliveryState(delivery))));
+    return [el("h3", {}, "notifications"), el("table", { class: "deliveries" },
+      el("thead", {}, el("tr", {}, ...["event", "to", "delivery"].map((t) => el("th", {}, t)))),
+      el("tbody", {}, ...rows))];
+  }
+
   function renderOverview() {
     const job = S.current;
     const body = $("tab-body");
@@ -181,6 +207,7 @@
     const raw = ["metadata", "artifacts", "benchmark_results"].map((name) =>
       el("details", { class: "raw", "data-name": name, open: (wasOpen[name] ?? name === "metadata") ? "" : null },
         el("summary", {}, name), el("pre", {}, JSON.stringify(job[name], null, 2))));
-    body.replaceChildren(list, el("h3", {}, "timeline"), timeline, el("h3", {}, "raw"), ...raw);
+    body.replaceChildren(list, el("h3", {}, "timeline"), timeline, ...notifications(job.deliveries || []),
+      el("h3", {}, "raw"), ...raw);
   }
 })((window.C = window.C || {}));

@@ -36,6 +36,7 @@ from collector.store.identity import JOBS
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 from collector.store.webhooks import WEBHOOKS
+from collector.webhook_contract import JobDelivery
 
 DELIVERIES = table(WebhookDelivery)
 CURSOR = table(WebhookCursor)
@@ -180,6 +181,21 @@ def finish(conn: Connection, claimed: Claimed, status: int | None, error: str | 
         return DEAD
     conn.execute(mine.values(next_attempt_at=now + dt.timedelta(seconds=retry_delay(attempts)), **done))
     return RETRIED
+
+
+def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:
+    """The deliveries of a job's events, oldest first."""
+    rows = conn.execute(
+        select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, EVENTS.c.status, DELIVERIES.c.state,
+               DELIVERIES.c.attempts, DELIVERIES.c.last_status, DELIVERIES.c.created_at,
+               DELIVERIES.c.next_attempt_at, DELIVERIES.c.sent_at)
+        .join(EVENTS, EVENTS.c.id == DELIVERIES.c.event_id)
+        .where(EVENTS.c.job_pk == job_pk).order_by(DELIVERIES.c.id)
+    ).all()
+    return [JobDelivery(delivery_id=r.id, webhook_id=r.webhook_id, event_id=r.event_id, event_status=r.status,
+                        state=r.state, attempts=r.attempts, last_status=r.last_status, created_at=r.created_at,
+                        next_attempt_at=r.next_attempt_at if r.state == PENDING else None, sent_at=r.sent_at)
+            for r in rows]
 
 
 def forget(conn: Connection, delivery_id: int) -> None:
