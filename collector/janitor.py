@@ -22,6 +22,7 @@ from collector import sweeper
 from collector.credentials import Keyring
 from collector.db import Database
 from collector.per_process import PerProcess
+from collector.per_process import keep_running
 from collector.settings import Settings
 from collector.store import credential_uses
 from collector.store import stale
@@ -178,10 +179,10 @@ class Janitor:
 
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:
-    """Give ``app`` a janitor, started by the first request each process serves."""
+    """Give ``app`` a janitor, started in each process at its first request (at boot under gunicorn)."""
     janitor = Janitor(database, settings, fanout.get_hub(app), keyring=app.extensions["collector.keyring"])
     app.extensions["collector.janitor"] = janitor
-    app.before_request(janitor.ensure_running)
+    keep_running(app, janitor.ensure_running)
 
 
 def get_janitor(app: Flask) -> Janitor:

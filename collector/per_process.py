@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
 
 
 class PerProcess:
@@ -28,3 +32,21 @@ class PerProcess:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 threading.Thread(target=self.target, name=self.name, daemon=True).start()
+
+
+def keep_running(app: Flask, ensure_running: Callable[[], None]) -> None:
+    """Have each process of ``app`` call ``ensure_running`` at its first request, and gunicorn's workers at boot.
+
+    One request hook serves every such thread: the write path pays for one call, however
+    many background threads there are.
+    """
+    starters: list[Callable[[], None]] = app.extensions.setdefault("collector.per_process", [])
+    if not starters:
+        app.before_request(lambda: start_all(app.extensions))
+    starters.append(ensure_running)
+
+
+def start_all(extensions: Mapping[str, Any]) -> None:
+    """Make sure every background thread of the app (by its ``extensions``) runs in this process."""
+    for ensure_running in extensions.get("collector.per_process", ()):
+        ensure_running()

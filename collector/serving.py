@@ -25,6 +25,7 @@ from typing import TypeVar
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 
+from collector import per_process
 from collector.log_format import TEXT_FORMAT
 from collector.settings import Settings
 
@@ -176,7 +177,7 @@ def logging_config(settings: Settings, text_format: str, server_level: str) -> d
 
 
 def post_worker_init(worker: GunicornWorker) -> None:
-    """Start the worker's janitor; end its streams as soon as it starts to stop, so it stops within seconds.
+    """Start the worker's background threads; end its streams as soon as it starts to stop, so it stops within seconds.
 
     A worker stops on SIGTERM, on max_requests and when its parent dies; in every case
     it clears ``worker.alive`` and then waits up to graceful_timeout for open requests,
@@ -186,11 +187,10 @@ def post_worker_init(worker: GunicornWorker) -> None:
     hub = extensions.get("collector.streams")
     if hub is None:  # another app on this config (bench/baseline_app.py): nothing to stop
         return
-    # Every worker competes for the stale-job sweep from its start, not from its first
-    # request: a replacement for a dead sweeper must take over even if no traffic comes.
-    extensions["collector.janitor"].ensure_running()
-    # Likewise deliveries: those left pending by a restart must go without waiting for a request.
-    extensions["collector.webhooks"].ensure_running()
+    # Background threads run from a worker's start, not from its first request: a
+    # replacement for a dead stale-job sweeper must take over, and webhook deliveries left
+    # pending by a restart must go, even if no traffic comes.
+    per_process.start_all(extensions)
     # Read the tokens file now, so a worker that starts while it is broken says so at once.
     extensions["collector.keyring"].refresh()
 

@@ -29,9 +29,9 @@ from collector import metrics
 from collector.contract import StreamEvent
 from collector.db import Database
 from collector.per_process import PerProcess
+from collector.per_process import keep_running
 from collector.settings import Settings
 from collector.store import deliveries
-from collector.store import streams
 from collector.store.deliveries import Claimed
 
 log = logging.getLogger("collector.webhooks")
@@ -96,7 +96,6 @@ class Dispatcher:
         self.database = database
         self.settings = settings
         self.hub = hub
-        self.timeout_s = TIMEOUT_S
         self._lock = threading.Lock()
         self._in_flight = 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -142,8 +141,7 @@ class Dispatcher:
         try:
             while current is not None and not self.hub.closed:
                 outcome = self.deliver(current)
-                if outcome is not None:
-                    metrics.webhook_delivered(outcome)
+                metrics.webhook_delivered(outcome)
                 current = self._next_of(current.webhook_id) if outcome != deliveries.RETRIED else None
         except Exception:  # noqa: BLE001 - the lease runs out and another try follows
             log.warning("webhook delivery %d failed", (current or claimed).id, exc_info=True)
@@ -156,19 +154,15 @@ class Dispatcher:
         taken = self.database.run(lambda conn: deliveries.claim(conn, now, 1, webhook_id=webhook_id), write=True)
         return taken[0] if taken else None
 
-    def deliver(self, claimed: Claimed) -> str | None:
-        """POST one delivery and record the answer; its outcome (None: its event is gone, so the delivery too)."""
-        event = self.database.run(lambda conn: streams.one(conn, claimed.event_id))
-        if event is None:
-            # Deleting the job deletes its deliveries too; one that escaped has nothing to send.
-            self.database.run(lambda conn: deliveries.forget(conn, claimed.id), write=True)
-            return None
+    def deliver(self, claimed: Claimed) -> str:
+        """POST one delivery and record the answer; its outcome: sent, retried or dead."""
+        event = claimed.event
         payload = body(claimed, event, self.settings.public_url)
         status: int | None
         try:
             # No redirects: a subscription names the URL the collector calls, nothing else.
             with requests.post(claimed.url, data=payload, headers=headers(claimed, event, payload),
-                               timeout=(CONNECT_TIMEOUT_S, self.timeout_s), allow_redirects=False,
+                               timeout=(CONNECT_TIMEOUT_S, TIMEOUT_S), allow_redirects=False,
                                stream=True) as response:
                 status = response.status_code
                 # The start of a refusal says why; a receiver's whole page is never read.
@@ -185,10 +179,10 @@ class Dispatcher:
 
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:
-    """Give ``app`` a dispatcher, started by the first request each process serves."""
+    """Give ``app`` a dispatcher, started in each process at its first request (at boot under gunicorn)."""
     dispatcher = Dispatcher(database, settings, fanout.get_hub(app))
     app.extensions["collector.webhooks"] = dispatcher
-    app.before_request(dispatcher.ensure_running)
+    keep_running(app, dispatcher.ensure_running)
 
 
 def get_dispatcher(app: Flask) -> Dispatcher:

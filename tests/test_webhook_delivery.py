@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -9,8 +10,15 @@ import time
 import uuid
 
 import pytest
+from sqlalchemy import insert
 
+from collector.contract import JobCreatePayload
+from collector.db import Database
+from collector.settings import Settings
 from collector.store import deliveries
+from collector.store import jobs as job_store
+from collector.store import webhooks as webhook_store
+from collector.webhook_contract import WebhookCreate
 from tests.helpers import HANG
 from tests.helpers import Recorder
 from tests.helpers import put
@@ -200,3 +208,55 @@ def test_a_subscription_hears_nothing_of_what_came_before_it_and_removing_it_dro
 
 def test_the_retry_delay_doubles_from_one_second_to_ten_minutes():
     assert [deliveries.retry_delay(n) for n in (1, 2, 3, 4, 10, 11, 50)] == [1, 2, 4, 8, 512, 600, 600]
+
+
+def test_a_redirect_is_a_failed_try_and_is_not_followed(api, recorder, database):
+    elsewhere = recorder(script=answering())
+    receiver = recorder(script=answering((302, {"Location": elsewhere.url + "/moved"}, b"")))
+    subscribe(api, receiver.url)
+    submit(api, "j1", cluster="b200")
+    fail(api, "j1", "b200")
+    posted(receiver, 1)
+    row = wait_for(lambda: database.row("SELECT state, attempts, last_status FROM webhook_deliveries")
+                   if database.scalar("SELECT attempts FROM webhook_deliveries") else None, 5, "the first try")
+    assert row == ("pending", 1, 302)
+    assert elsewhere.requests == []
+
+
+def test_a_failure_backs_off_and_one_past_a_day_is_given_up(database):
+    # The store alone, no dispatcher running: two deliveries made an hour and a day ago fail once more.
+    database.clean()
+    store = Database(Settings(database_url=database.url))
+    now = dt.datetime.now(dt.UTC)
+    try:
+        for job_id in ("young", "old"):
+            store.run(lambda conn, job_id=job_id: job_store.submit(conn, JobCreatePayload(
+                job_id=job_id, job_name=job_id, submitted_at=now, cluster="b200")), write=True)
+        # One subscription each: a subscription's second delivery would wait behind its first.
+        hooks = [store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
+                           write=True).id for _ in range(2)]
+        events = [database.scalar("SELECT e.id FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE j.job_id = :j",
+                                  j=job_id) for job_id in ("young", "old")]
+        ages = (dt.timedelta(hours=1), deliveries.GIVE_UP_AFTER + dt.timedelta(seconds=1))
+        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
+            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 2, "created_at": now - age,
+             "next_attempt_at": now - age} for hook, event, age in zip(hooks, events, ages, strict=True)]), write=True)
+        claimed = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
+        assert [(c.event.job_id, c.attempts) for c in claimed] == [("young", 2), ("old", 2)]
+        outcomes = [store.run(lambda conn, c=c: deliveries.finish(conn, c, 503, "busy", now), write=True)
+                    for c in claimed]
+    finally:
+        store.dispose()
+    assert outcomes == ["retried", "dead"]
+    young, old = (database.row("SELECT state, attempts, last_status, last_error, next_attempt_at, claimed_until "
+                               "FROM webhook_deliveries WHERE event_id = :e", e=event) for event in events)
+    assert young[:4] == ("pending", 3, 503, "busy") and young[5] is None
+    assert parse_stamp(young[4]) == now + dt.timedelta(seconds=deliveries.retry_delay(3))  # 4 s after the third
+    assert old[:4] == ("dead", 3, 503, "busy")
+
+
+def parse_stamp(value) -> dt.datetime:
+    """A timestamp column read raw: aware on PostgreSQL, naive UTC text or datetime on SQLite."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
+from sqlalchemy import and_
 from sqlalchemy import delete
 from sqlalchemy import exists
 from sqlalchemy import func
@@ -27,10 +29,12 @@ from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from collector.contract import StreamEvent
 from collector.models import JobEvent
 from collector.models import WebhookCursor
 from collector.models import WebhookDelivery
 from collector.store import event_ids
+from collector.store import streams
 from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import is_postgres
@@ -63,9 +67,11 @@ class Claimed:
     webhook_id: int
     event_id: int
     attempts: int
+    created_at: dt.datetime
     url: str
     secret: str | None
     format: str
+    event: StreamEvent  # with its job as it is now
 
 
 def fan_out(conn: Connection, now: dt.datetime) -> int:
@@ -104,7 +110,6 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
 _OLDER = DELIVERIES.alias("older")
 _DUE = (
     select(DELIVERIES.c.id)
-    .where(DELIVERIES.c.state == PENDING)
     # Nothing older of the same subscription still to go: receivers hear in feed order.
     .where(~exists().where(_OLDER.c.webhook_id == DELIVERIES.c.webhook_id, _OLDER.c.state == PENDING,
                            _OLDER.c.event_id < DELIVERIES.c.event_id))
@@ -112,13 +117,18 @@ _DUE = (
 )
 
 
+def _due_at(now: dt.datetime) -> ColumnElement[bool]:
+    """A pending delivery's own condition to go at ``now``: its time has come and no sender holds it."""
+    return and_(DELIVERIES.c.state == PENDING, DELIVERIES.c.next_attempt_at <= now,
+                or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= now))
+
+
 def claim(conn: Connection, now: dt.datetime, limit: int, *, webhook_id: int | None = None) -> list[Claimed]:
-    """Take up to ``limit`` deliveries that are due (of one subscription, if given) for ``LEASE``.
+    """Take up to ``limit`` deliveries that are due (of one subscription, if given) for ``LEASE``, with their events.
 
     No other sender gets them meanwhile. A subscription has at most one due at a time.
     """
-    due = _DUE.where(DELIVERIES.c.next_attempt_at <= now,
-                     or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= now)).limit(limit)
+    due = _DUE.where(_due_at(now)).limit(limit)
     if webhook_id is not None:
         due = due.where(DELIVERIES.c.webhook_id == webhook_id)
     if is_postgres(conn):
@@ -129,11 +139,16 @@ def claim(conn: Connection, now: dt.datetime, limit: int, *, webhook_id: int | N
     conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(ids)).values(claimed_until=now + LEASE))
     rows = conn.execute(
         select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts,
-               WEBHOOKS.c.url, WEBHOOKS.c.secret, WEBHOOKS.c.format)
+               DELIVERIES.c.created_at, WEBHOOKS.c.url, WEBHOOKS.c.secret, WEBHOOKS.c.format)
         .join(WEBHOOKS, WEBHOOKS.c.id == DELIVERIES.c.webhook_id)
         .where(DELIVERIES.c.id.in_(ids)).order_by(DELIVERIES.c.id)
     ).all()
-    return [Claimed(*row) for row in rows]
+    # Read here, in the claim's transaction, so a send needs no read of its own.
+    found = streams.by_id(conn, [row.event_id for row in rows])
+    if gone := [row.id for row in rows if row.event_id not in found]:
+        # Only when events were deleted without the foreign keys' cascade: nothing to send.
+        conn.execute(delete(DELIVERIES).where(DELIVERIES.c.id.in_(gone)))
+    return [Claimed(*row, event=found[row.event_id]) for row in rows if row.event_id in found]
 
 
 def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
@@ -142,9 +157,7 @@ def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
     newer = select(EVENTS.c.id).where(EVENTS.c.id > position)
     if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
         newer = newer.where(settled)
-    due = select(DELIVERIES.c.id).where(DELIVERIES.c.state == PENDING, DELIVERIES.c.next_attempt_at <= now,
-                                        or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= now))
-    row = conn.execute(select(exists(newer), exists(due))).one()
+    row = conn.execute(select(exists(newer), exists(select(DELIVERIES.c.id).where(_due_at(now))))).one()
     return bool(row[0]), bool(row[1])
 
 
@@ -175,8 +188,7 @@ def finish(conn: Connection, claimed: Claimed, status: int | None, error: str | 
                                               DELIVERIES.c.state == PENDING)
                      .values(state=DEAD, last_error="the subscription was disabled: " + reason, claimed_until=None))
         return DEAD
-    created = conn.execute(select(DELIVERIES.c.created_at).where(DELIVERIES.c.id == claimed.id)).scalar()
-    if created is None or now - created >= GIVE_UP_AFTER:
+    if now - claimed.created_at >= GIVE_UP_AFTER:
         conn.execute(mine.values(state=DEAD, **done))
         return DEAD
     conn.execute(mine.values(next_attempt_at=now + dt.timedelta(seconds=retry_delay(attempts)), **done))
@@ -196,11 +208,6 @@ def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:
                         state=r.state, attempts=r.attempts, last_status=r.last_status, created_at=r.created_at,
                         next_attempt_at=r.next_attempt_at if r.state == PENDING else None, sent_at=r.sent_at)
             for r in rows]
-
-
-def forget(conn: Connection, delivery_id: int) -> None:
-    """Drop a delivery whose event is gone (its job deleted or pruned while it waited)."""
-    conn.execute(delete(DELIVERIES).where(DELIVERIES.c.id == delivery_id))
 
 
 def pending_count(conn: Connection) -> int:

@@ -30,10 +30,10 @@ _SELECT = select(
 _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
 
 
-def one(conn: Connection, event_id: int) -> StreamEvent | None:
-    """One event with its job as it is now, or None once it is gone (its job deleted or pruned)."""
-    row = conn.execute(_SELECT.where(EVENTS.c.id == event_id)).mappings().first()
-    return None if row is None else _event(row)
+def by_id(conn: Connection, event_ids: list[int]) -> dict[int, StreamEvent]:
+    """These events, each with its job as it is now; an id that is gone (its job deleted) is left out."""
+    rows = conn.execute(_SELECT.where(EVENTS.c.id.in_(event_ids))).mappings()
+    return {row["id"]: _event(row) for row in rows}
 
 
 def newest_id(conn: Connection) -> int:

@@ -30,21 +30,14 @@ def _shown(row: Any) -> Webhook:
 def add(conn: Connection, subscription: WebhookCreate, now: dt.datetime, *, created_by: str | None = None) -> Webhook:
     """Store a subscription; it hears of events appended from now on."""
     head = streams.newest_id(conn)
-    pk = conn.execute(insert(WEBHOOKS).returning(WEBHOOKS.c.id), {
+    row = conn.execute(insert(WEBHOOKS).returning(*WEBHOOKS.c), {
         "url": subscription.url, "statuses": [s.value for s in subscription.statuses],
         "clusters": subscription.clusters, "secret": subscription.secret, "format": subscription.format.value,
         "enabled": True, "start_after": head, "created_at": now, "created_by": created_by,
-    }).scalar_one()
-    return get(conn, pk)
-
-
-def get(conn: Connection, webhook_id: int) -> Webhook:
-    """One subscription; 404 when there is none with that id."""
-    # Past the column's range there is no such row (and PostgreSQL would refuse the comparison).
-    row = None if webhook_id > MAX_ID else conn.execute(select(WEBHOOKS).where(WEBHOOKS.c.id == webhook_id)).first()
-    if row is None:
-        raise NotFound(f"no webhook {webhook_id}")
+    }).one()
     return _shown(row)
+
+
 
 
 def all_of(conn: Connection) -> list[Webhook]:
@@ -54,6 +47,9 @@ def all_of(conn: Connection) -> list[Webhook]:
 
 def remove(conn: Connection, webhook_id: int) -> Webhook:
     """Delete a subscription and return it as it was; 404 when there is none with that id."""
-    found = get(conn, webhook_id)
-    conn.execute(delete(WEBHOOKS).where(WEBHOOKS.c.id == webhook_id))
-    return found
+    # Past the column's range there is no such row (and PostgreSQL would refuse the comparison).
+    row = None if webhook_id > MAX_ID else conn.execute(
+        delete(WEBHOOKS).where(WEBHOOKS.c.id == webhook_id).returning(*WEBHOOKS.c)).first()
+    if row is None:
+        raise NotFound(f"no webhook {webhook_id}")
+    return _shown(row)
