@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
@@ -230,8 +231,8 @@ def test_a_failure_backs_off_and_one_past_a_day_is_given_up(database):
     now = dt.datetime.now(dt.UTC)
     try:
         for job_id in ("young", "old"):
-            store.run(lambda conn, job_id=job_id: job_store.submit(conn, JobCreatePayload(
-                job_id=job_id, job_name=job_id, submitted_at=now, cluster="b200")), write=True)
+            payload = JobCreatePayload(job_id=job_id, job_name=job_id, submitted_at=now, cluster="b200")
+            store.run(functools.partial(job_store.submit, payload=payload), write=True)
         # One subscription each: a subscription's second delivery would wait behind its first.
         hooks = [store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
                            write=True).id for _ in range(2)]
@@ -243,8 +244,8 @@ def test_a_failure_backs_off_and_one_past_a_day_is_given_up(database):
              "next_attempt_at": now - age} for hook, event, age in zip(hooks, events, ages, strict=True)]), write=True)
         claimed = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
         assert [(c.event.job_id, c.attempts) for c in claimed] == [("young", 2), ("old", 2)]
-        outcomes = [store.run(lambda conn, c=c: deliveries.finish(conn, c, 503, "busy", now), write=True)
-                    for c in claimed]
+        outcomes = [store.run(functools.partial(deliveries.finish, claimed=c, status=503, error="busy", now=now),
+                              write=True) for c in claimed]
     finally:
         store.dispose()
     assert outcomes == ["retried", "dead"]
