@@ -4,6 +4,7 @@
     python -m bench.run --quick         # smoke: every scenario runs once, briefly, and must answer 2xx
     python -m bench.run --only logs_ingest,logs_tail,capture_rss --backends postgres   # the blob scenarios
     python -m bench.run --only streams --backends postgres   # 500 event streams under a paced PUT load
+    python -m bench.run --only webhooks --backends postgres  # 100 subscriptions, a steady 100 events/s
     python -m bench.run --only ui --backends postgres        # the page in Chromium: 100k jobs, 50 events/s
     python -m bench.run --only slowclients --backends postgres   # 2,000 slow clients, behind nginx and not
 
@@ -41,6 +42,7 @@ from bench import seed
 from bench import slowclients
 from bench import streams
 from bench import ui
+from bench import webhooks
 from collector.migrations import upgrade
 from collector.settings import database_url
 from tests.processes import ServerProcess
@@ -215,6 +217,8 @@ LOG_CHUNK = 256 * 1024
 LOG_CONNECTIONS = 8
 # Event streams (PostgreSQL, collector only): bench/streams.py.
 STREAM_SCENARIOS = ["streams"]
+# Webhook subscriptions under a steady event load (PostgreSQL, collector only): bench/webhooks.py.
+WEBHOOK_SCENARIOS = ["webhooks"]
 # The web page in headless Chromium over a large database while events arrive (PostgreSQL): bench/ui.py.
 UI_SCENARIOS = ["ui"]
 # Slow clients held against the shipped nginx config, and straight against gunicorn (PostgreSQL): bench/slowclients.py.
@@ -406,6 +410,43 @@ def run_streams(args, rows: list[dict]) -> None:
                                error="; ".join(result.problems[:5])))
 
 
+def run_webhooks(args, rows: list[dict]) -> None:
+    """100 subscriptions under a steady 100 PUTs/s: what they cost the writes, and how fast
+    deliveries reach healthy receivers while one receiver hangs (the same collector without
+    subscriptions is the baseline)."""
+    dbs = Databases(args.pg_url)
+    try:
+        db = dbs.create()
+        server = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
+            COLLECTOR_DATABASE_URL=db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
+            COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+        try:
+            result = webhooks.measure(
+                server.url, TOKEN, server.proc.pid, db, rate=args.rate, duration=args.duration, rounds=args.rounds,
+                env=child_env(), run_id=lambda: uuid.uuid4().hex[:8],
+                max_throughput=lambda seconds: wrk(server.url, "put", token=TOKEN, close=True, duration=seconds,
+                                                   connections=16))
+        except (webhooks.WebhooksFailure, OSError) as exc:
+            rows.append(webhook_row("FAILED", None, None, "-", error=str(exc)))
+            return
+        finally:
+            server.stop()
+    finally:
+        dbs.drop_all()
+    for measure, value, vs, target in webhooks.report(result):
+        rows.append(webhook_row(measure, value, vs, target))
+    rows[-1]["notes"] = webhooks.notes(result)
+    if result.problems:
+        rows.append(webhook_row("problems", None, None, "none", error="; ".join(result.problems[:5])))
+
+
+def webhook_row(measure: str, value: float | None, vs: float | None, target: str, *,
+                error: str | None = None) -> dict:
+    """A row of the webhooks table, as stream_row."""
+    row = stream_row(webhooks.SUBSCRIPTIONS, measure, value, vs, target, error=error)
+    return {**row, "table": "webhooks", "scenario": "webhooks"}
+
+
 def stream_row(subscribers: int, measure: str, value: float | None, vs: float | None, target: str, *,
                error: str | None = None) -> dict:
     """A row of the streams table, as blob_row: ``value``, what it is compared with, their ratio."""
@@ -414,10 +455,10 @@ def stream_row(subscribers: int, measure: str, value: float | None, vs: float | 
             "target": target, "error": error}
 
 
-def streams_table(rows: list[dict]) -> list[str]:
-    """The streams scenario: one measure per row (ratio = value / vs), then its notes."""
+def streams_table(rows: list[dict], heading: str = "subscribers") -> list[str]:
+    """The streams (or webhooks) scenario: one measure per row (ratio = value / vs), then its notes."""
     notes = [note for r in rows for note in r.get("notes", [])]
-    return measure_table(rows, "subscribers", "subscribers") + ([""] + notes if notes else [])
+    return measure_table(rows, heading, "subscribers") + ([""] + notes if notes else [])
 
 
 def _cannot_run(scenario: str, reason: str | None, rows: list[dict], failed_row) -> bool:
@@ -600,6 +641,7 @@ def row(backend: str, scenario: str, n, results: dict[str, Result]) -> dict:
 def table(rows: list[dict]) -> str:
     blob = [r for r in rows if r.get("table") == "blob"]
     stream = [r for r in rows if r.get("table") == "streams"]
+    hooks = [r for r in rows if r.get("table") == "webhooks"]
     page = [r for r in rows if r.get("table") == "ui"]
     slow = [r for r in rows if r.get("table") == "slowclients"]
     rows = [r for r in rows if r.get("table") not in MEASURE_TABLES]
@@ -634,6 +676,7 @@ def table(rows: list[dict]) -> str:
         lines = []
     return "\n".join(lines + ([""] + growth if growth else []) + ([""] + blob_table(blob) if blob else [])
                      + ([""] + streams_table(stream) if stream else [])
+                     + ([""] + streams_table(hooks, "subscriptions") if hooks else [])
                      + ([""] + ui_table(page) if page else [])
                      + ([""] + slow_table(slow) if slow else [])).strip("\n")
 
@@ -687,7 +730,7 @@ def _p99(result: dict | None) -> str:
 
 
 # Tables of (measure, value, vs, ratio, target) rows, which fail on an error rather than on a non-2xx count.
-MEASURE_TABLES = ("blob", "streams", "ui", "slowclients")
+MEASURE_TABLES = ("blob", "streams", "webhooks", "ui", "slowclients")
 
 
 def blob_table(rows: list[dict]) -> list[str]:
@@ -740,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blob-mib", type=int, default=256,
                         help="size of the logs_tail log and the capture_rss segment, in MiB (1 MiB chunks)")
     parser.add_argument("--subscribers", type=int, default=500, help="open event streams in the streams scenario")
-    parser.add_argument("--rate", type=float, default=100, help="paced PUTs per second in the streams scenario")
+    parser.add_argument("--rate", type=float, default=100,
+                        help="paced PUTs per second in the streams and webhooks scenarios")
     parser.add_argument("--ui-jobs", type=int, default=100_000, help="seeded jobs in the ui scenario")
     parser.add_argument("--ui-rate", type=float, default=50, help="paced PUTs (events) per second in the ui scenario")
     parser.add_argument("--ui-seconds", type=float, default=20, help="how long the ui scenario's events arrive")
@@ -768,6 +812,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_postgres(args, rows, work)
             if selected(args, STREAM_SCENARIOS):
                 run_streams(args, rows)
+            if selected(args, WEBHOOK_SCENARIOS):
+                run_webhooks(args, rows)
             if selected(args, UI_SCENARIOS):
                 run_ui(args, rows)
             if selected(args, SLOW_SCENARIOS):

@@ -90,12 +90,17 @@ def _percentile(ordered: list[float], pct: float) -> float:
 # -- the lifecycle PUTs ------------------------------------------------------------
 
 
-def lifecycle_put(run: str, jobs: int, i: int) -> tuple[Key, str, bytes]:
+def lifecycle_put(run: str, jobs: int, i: int, *, clusters: int = CLUSTERS, prefix: str = "c",
+                  stagger: bool = False) -> tuple[Key, str, bytes]:
     """The ``i``-th PUT of a run: job-major over ``jobs`` jobs, so a job's next report comes
-    ``jobs`` requests later; a job that completed is never reused (the next cycle's ids differ)."""
-    n, step = i % jobs, (i // jobs) % len(STEPS)
-    job_id = f"{run}-{i // (jobs * len(STEPS))}-{n}"
-    cluster = f"c{n % CLUSTERS}"
+    ``jobs`` requests later; a job that completed is never reused (the next cycle's ids differ).
+    Job ``n`` reports from cluster ``prefix`` + ``n % clusters``; with ``stagger`` its
+    lifecycle starts ``n`` steps along (its first job joins mid-way), so jobs finish evenly."""
+    n = i % jobs
+    slot = i // jobs + (n if stagger else 0)
+    step = slot % len(STEPS)
+    job_id = f"{run}-{slot // len(STEPS)}-{n}"
+    cluster = f"{prefix}{n % clusters}"
     status, stage, message = STEPS[step]
     if step == 0:
         metadata = STARTED_METADATA.replace("JOBID", job_id).replace("CLUSTER", cluster)

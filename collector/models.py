@@ -316,7 +316,10 @@ class WebhookDelivery(Base):
     __table_args__ = (
         UniqueConstraint("webhook_id", "event_id"),
         CheckConstraint("state IN ('pending', 'sent', 'dead')", name="state"),
-        Index("ix_webhook_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+        # Each subscription's queue in feed order: the claim probes it for the oldest, and it
+        # holds only what is still to go, however long the history of sent ones grows.
+        Index("ix_webhook_deliveries_pending", "webhook_id", "event_id",
+              postgresql_where=text("state = 'pending'"), sqlite_where=text("state = 'pending'")),
     )
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)

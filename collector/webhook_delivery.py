@@ -1,28 +1,35 @@
 """Webhook delivery: each serving process fans the event feed out to subscriptions and sends what is due.
 
-Off the request path, in a thread per process started by its first request (as the
-janitor's). Processes and hosts share the work through the database: one fans out at a
-time (the cursor row), and each delivery is held by one sender at a time (a lease), so
-nothing is sent twice at once while senders are healthy, and a sender killed mid-send
-leaves its delivery to be sent again once the lease ends: at least once. Each process
-sends on a small pool of threads, so one receiver that hangs holds one thread for the
-timeout, not the others' deliveries.
+Off the request path, in a thread per process started at worker boot or by its first
+request (as the janitor's). Processes and hosts share the work through the database: one
+fans out at a time (the cursor row), and each delivery is held by one sender at a time (a
+lease), so nothing is sent twice at once while senders are healthy, and a sender killed
+mid-send leaves its delivery to be sent again once the lease ends: at least once. Each
+process sends on a small pool of threads over kept-alive connections, so one receiver
+that hangs holds one thread for the timeout, not the others' deliveries.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
 import json
 import logging
+import math
+import queue
 import threading
+import time
+import urllib.parse
+import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
-import requests
+import urllib3
 from flask import Flask
+from sqlalchemy import Connection
 
 from collector import fanout
 from collector import metrics
@@ -36,10 +43,12 @@ from collector.store.deliveries import Claimed
 
 log = logging.getLogger("collector.webhooks")
 SENDERS = 8  # per process: receivers answering at once
-CONNECT_TIMEOUT_S = 5.0
-TIMEOUT_S = 10.0  # no answer in this long is a failed attempt
+# 5 s to connect; no answer (or a pause in one) of 10 s is a failed attempt.
+TIMEOUT = urllib3.Timeout(connect=5.0, read=10.0)
 USER_AGENT = "collector-webhooks/1"
 ERROR_BYTES = 500
+LINGER_S = 0.02  # after a sender answers, how long the others get to answer in the same turn
+RUN_BUDGET_S = 10.0  # no delivery of a run starts later than this after its first (the lease is 30 s)
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -90,92 +99,169 @@ def headers(claimed: Claimed, event: StreamEvent, payload: bytes) -> dict[str, s
 
 
 class Dispatcher:
-    """This process's share of the deliveries, until the server shuts down."""
+    """This process's share of the deliveries, until the server shuts down.
+
+    One loop per process owns the database side: each turn records the answers that came
+    back, fans out new events (at most every poll interval) and claims what is due for
+    the free senders, all in one transaction, so under load one transaction serves many
+    deliveries. The senders only POST; a finished send wakes the loop, which claims that
+    subscription's next delivery at once.
+    """
 
     def __init__(self, database: Database, settings: Settings, hub: fanout.Hub) -> None:
         self.database = database
         self.settings = settings
         self.hub = hub
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._answers: queue.SimpleQueue[list[deliveries.Answer]] = queue.SimpleQueue()  # a run's, together
+        self._woken = threading.Event()
+        self._in_flight = 0  # touched by the loop only
         self._thread = PerProcess("collector-webhooks", self._run)
+        # Read once, as every setting: the receivers a proxy must reach, the way requests does.
+        self._proxies = urllib.request.getproxies_environment()
+        self._managers: dict[str | None, urllib3.PoolManager] = {}
+        self._managers_lock = threading.Lock()
 
     def ensure_running(self) -> None:
         """Start the delivery thread in this process if it is not running (cheap; every request calls it)."""
         self._thread.ensure_running()
 
     def _run(self) -> None:
-        with self._lock:
-            self._in_flight = 0  # a forked child inherits the parent's count, not its senders
-            self._pool = concurrent.futures.ThreadPoolExecutor(SENDERS, thread_name_prefix="collector-webhook")
-        while not self.hub.closed:
-            try:
-                self.tick()
-            except Exception:  # noqa: BLE001 - a database outage must not end the thread; the next tick retries
-                log.warning("webhook delivery failed; retrying in %g s", self.settings.webhook_poll_s, exc_info=True)
-            self.hub.wait_closed(self.settings.webhook_poll_s)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def tick(self) -> None:
-        """Fan the feed's new events out, then hand what is due to the senders (as many as are free)."""
-        now = dt.datetime.now(dt.UTC)
-        new_events, due = self.database.run(lambda conn: deliveries.work(conn, now))
-        if new_events:
-            due = self.database.run(lambda conn: deliveries.fan_out(conn, now), write=True) > 0 or due
-        with self._lock:
-            free = SENDERS - self._in_flight
-        if not due or free <= 0 or self._pool is None:
-            return
-        claimed = self.database.run(lambda conn: deliveries.claim(conn, now, free), write=True)
-        for delivery in claimed:
-            with self._lock:
-                self._in_flight += 1
-            self._pool.submit(self._send, delivery)
-
-    def _send(self, claimed: Claimed) -> None:
-        # A subscription's deliveries go one after another (in feed order), so the sender
-        # that ends one takes the subscription's next at once rather than a poll later.
-        current: Claimed | None = claimed
+        # A forked child inherits the parent's state, not its senders or its connections.
+        self._answers, self._in_flight, self._managers = queue.SimpleQueue(), 0, {}
+        pool = concurrent.futures.ThreadPoolExecutor(SENDERS, thread_name_prefix="collector-webhook")
+        unsaved: list[deliveries.Answer] = []
+        fanned_out = -math.inf
         try:
-            while current is not None and not self.hub.closed:
-                outcome = self.deliver(current)
-                metrics.webhook_delivered(outcome)
-                current = self._next_of(current.webhook_id) if outcome != deliveries.RETRIED else None
-        except Exception:  # noqa: BLE001 - the lease runs out and another try follows
-            log.warning("webhook delivery %d failed", (current or claimed).id, exc_info=True)
+            while not self.hub.closed:
+                self._woken.clear()
+                unsaved += self._drain()
+                now = dt.datetime.now(dt.UTC)
+                fan = time.monotonic() - fanned_out >= self.settings.webhook_poll_s
+                try:
+                    busy, claimed = self.turn(unsaved, now, fan)
+                except Exception:  # noqa: BLE001 - a database outage must not end the thread; the next turn retries
+                    log.warning("webhook delivery failed; retrying in %g s", self.settings.webhook_poll_s,
+                                exc_info=True)
+                    busy, claimed = False, []
+                else:
+                    unsaved = []
+                    if fan:
+                        fanned_out = time.monotonic()
+                for run in claimed:
+                    self._in_flight += 1
+                    pool.submit(self._send, run)
+                if not busy:
+                    self._woken.wait(self.settings.webhook_poll_s)
+                    if self._in_flight > 1:
+                        # Let the other runs in flight answer too, so one transaction records them all.
+                        time.sleep(LINGER_S)
         finally:
-            with self._lock:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self._record_before_leaving(unsaved + self._drain())
+
+    def _record_before_leaving(self, answers: list[deliveries.Answer]) -> None:
+        # A clean shutdown writes down what receivers already answered, or a restart sends it again.
+        if answers:
+            try:
+                self.database.run(lambda conn: deliveries.finish(conn, answers), write=True)
+            except Exception:  # noqa: BLE001 - at worst those are sent again after the lease: at least once
+                log.warning("could not record %d webhook answers at shutdown", len(answers), exc_info=True)
+
+    def _drain(self) -> list[deliveries.Answer]:
+        answers = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                answers += self._answers.get_nowait()
                 self._in_flight -= 1
+        return answers
 
-    def _next_of(self, webhook_id: int) -> Claimed | None:
-        now = dt.datetime.now(dt.UTC)
-        taken = self.database.run(lambda conn: deliveries.claim(conn, now, 1, webhook_id=webhook_id), write=True)
-        return taken[0] if taken else None
+    def turn(self, answers: list[deliveries.Answer], now: dt.datetime, fan: bool
+             ) -> tuple[bool, list[list[Claimed]]]:
+        """Record ``answers``, fan out new events (if ``fan``), claim what the free senders can take.
 
-    def deliver(self, claimed: Claimed) -> str:
-        """POST one delivery and record the answer; its outcome: sent, retried or dead."""
+        Whether to go round again at once, and the deliveries to send. With nothing to
+        record, a read decides first whether anything is to be done: an idle turn writes nothing.
+        """
+        free = SENDERS - self._in_flight
+        if not answers:
+            if not fan:
+                return False, []
+            new_events, due = self.database.run(lambda conn: deliveries.work(conn, now))
+            if not new_events and not (due and free > 0):
+                return False, []
+
+        def write(conn: Connection) -> tuple[list[str], int, list[list[Claimed]]]:
+            outcomes = deliveries.finish(conn, answers)
+            made = deliveries.fan_out(conn, now) if fan else 0
+            return outcomes, made, deliveries.claim(conn, now, free) if free > 0 else []
+
+        outcomes, made, claimed = self.database.run(write, write=True)
+        for answer, outcome in zip(answers, outcomes, strict=True):
+            if outcome == deliveries.UNTRIED:
+                continue
+            metrics.webhook_delivered(outcome)
+            if outcome != deliveries.SENT:
+                log.info("webhook %d delivery %d (event %d) %s: %s", answer.claimed.webhook_id, answer.claimed.id,
+                         answer.claimed.event_id, outcome,
+                         f"answered {answer.status}" if answer.status is not None else answer.error)
+        return bool(answers or made or claimed), claimed
+
+    def _send(self, run: list[Claimed]) -> None:
+        # One after another, in feed order; a failure stops the run (the receiver hears of
+        # nothing newer until it has this one) and the rest go back untried.
+        answers: list[deliveries.Answer] = []
+        started = time.monotonic()
+        for claimed in run:
+            failed = answers and (answers[-1].status is None or not 200 <= answers[-1].status < 300)
+            # A slow receiver's run ends well inside its lease, or another sender would send it again.
+            if failed or time.monotonic() - started > RUN_BUDGET_S:
+                answers.append(deliveries.Answer(claimed, None, None, dt.datetime.now(dt.UTC), tried=False))
+                continue
+            try:
+                status, error = self.post(claimed)
+            except Exception as exc:  # noqa: BLE001 - a bug here must not lose the answer: it is a failed try
+                log.warning("webhook delivery %d failed", claimed.id, exc_info=True)
+                status, error = None, f"{type(exc).__name__}: {exc}"
+            answers.append(deliveries.Answer(claimed, status, error, dt.datetime.now(dt.UTC)))
+        self._answers.put(answers)
+        self._woken.set()
+
+    def post(self, claimed: Claimed) -> tuple[int | None, str | None]:
+        """POST one delivery: the receiver's status (None: no answer) and, unless 2xx, why it failed."""
         event = claimed.event
         payload = body(claimed, event, self.settings.public_url)
-        status: int | None
         try:
             # No redirects: a subscription names the URL the collector calls, nothing else.
-            with requests.post(claimed.url, data=payload, headers=headers(claimed, event, payload),
-                               timeout=(CONNECT_TIMEOUT_S, TIMEOUT_S), allow_redirects=False,
-                               stream=True) as response:
-                status = response.status_code
-                # The start of a refusal says why; a receiver's whole page is never read.
-                error = None if 200 <= status < 300 else response.raw.read(
-                    ERROR_BYTES, decode_content=True).decode(errors="replace")
-        except requests.RequestException as exc:
-            status, error = None, f"{type(exc).__name__}: {exc}"
-        now = dt.datetime.now(dt.UTC)
-        outcome = self.database.run(lambda conn: deliveries.finish(conn, claimed, status, error, now), write=True)
-        if outcome != deliveries.SENT:
-            log.info("webhook %d delivery %d (event %d) %s: %s", claimed.webhook_id, claimed.id, claimed.event_id,
-                     outcome, f"answered {status}" if status is not None else error)
-        return outcome
+            response = self._manager(claimed.url).request(
+                "POST", claimed.url, body=payload, headers=headers(claimed, event, payload), redirect=False,
+                retries=False, timeout=TIMEOUT, preload_content=False)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        try:
+            # The start of a refusal says why; a receiver's whole page is never read.
+            start = response.read(ERROR_BYTES, decode_content=True)
+            reusable = not response.read(1)
+        except (urllib3.exceptions.HTTPError, OSError):
+            start, reusable = b"", False
+        if reusable:
+            response.release_conn()  # kept alive for the receiver's next delivery
+        else:
+            response.close()
+        status = response.status
+        return status, None if 200 <= status < 300 else start.decode(errors="replace")
+
+    def _manager(self, url: str) -> urllib3.PoolManager:
+        parts = urllib.parse.urlsplit(url)
+        proxy = None
+        bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # not in typeshed
+        if not bypass(parts.hostname or "", self._proxies):
+            proxy = self._proxies.get(parts.scheme)
+        with self._managers_lock:
+            if (manager := self._managers.get(proxy)) is None:
+                options: dict[str, Any] = {"num_pools": 64, "maxsize": SENDERS}
+                manager = urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+                self._managers[proxy] = manager
+        return manager
 
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:

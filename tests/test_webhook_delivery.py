@@ -12,8 +12,11 @@ import uuid
 
 import pytest
 from sqlalchemy import insert
+from sqlalchemy import select
 
 from collector.contract import JobCreatePayload
+from collector.contract import JobStatus
+from collector.contract import JobUpdatePayload
 from collector.db import Database
 from collector.settings import Settings
 from collector.store import deliveries
@@ -179,7 +182,8 @@ def test_a_hanging_receiver_does_not_delay_the_others(api, recorder):
     posted(healthy, 1, timeout=2)
     assert time.monotonic() - started < 2
     assert len(hanging.of("POST")) == 1
-    assert metric(api, "collector_webhook_deliveries_pending") == 1  # the hanging one
+    # The healthy one's answer is recorded a moment after it arrived; the hanging one stays pending.
+    assert wait_for(lambda: metric(api, "collector_webhook_deliveries_pending") == 1, 5, "only the hanging one pending")
 
 
 def test_an_unreachable_receiver_is_retried_and_says_why(api, database):
@@ -190,7 +194,7 @@ def test_an_unreachable_receiver_is_retried_and_says_why(api, database):
                    if database.scalar("SELECT count(*) FROM webhook_deliveries WHERE attempts > 0") else None, 5,
                    "a failed attempt")
     assert row[:3] == ("pending", 1, None)
-    assert row[3].startswith("ConnectionError: ")
+    assert row[3].startswith("NewConnectionError: ") and "Connection refused" in row[3]
 
 
 def test_a_subscription_hears_nothing_of_what_came_before_it_and_removing_it_drops_its_deliveries(
@@ -242,10 +246,10 @@ def test_a_failure_backs_off_and_one_past_a_day_is_given_up(database):
         store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
             {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 2, "created_at": now - age,
              "next_attempt_at": now - age} for hook, event, age in zip(hooks, events, ages, strict=True)]), write=True)
-        claimed = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
+        claimed = [c for run in store.run(lambda conn: deliveries.claim(conn, now, 10), write=True) for c in run]
         assert [(c.event.job_id, c.attempts) for c in claimed] == [("young", 2), ("old", 2)]
-        outcomes = [store.run(functools.partial(deliveries.finish, claimed=c, status=503, error="busy", now=now),
-                              write=True) for c in claimed]
+        answers = [deliveries.Answer(c, 503, "busy", now) for c in claimed]
+        outcomes = store.run(functools.partial(deliveries.finish, answers=answers), write=True)
     finally:
         store.dispose()
     assert outcomes == ["retried", "dead"]
@@ -261,3 +265,53 @@ def parse_stamp(value) -> dt.datetime:
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value)
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+
+
+def test_a_subscription_s_queue_goes_in_runs_and_a_failure_sends_the_rest_back_untried(database):
+    # The store alone: five deliveries queued for one subscription, five for another.
+    database.clean()
+    store = Database(Settings(database_url=database.url))
+    now = dt.datetime.now(dt.UTC)
+    try:
+        payload = JobCreatePayload(job_id="q", job_name="q", submitted_at=now, cluster="b200")
+        store.run(functools.partial(job_store.submit, payload=payload), write=True)
+        for n in range(4):
+            step = JobUpdatePayload(status=JobStatus.STARTING, message=f"step {n}", updated_at=now)
+            assert store.run(functools.partial(job_store.update, job_id="q", payload=step, cluster="b200"), write=True)
+        events = store.run(lambda conn: list(conn.execute(select(deliveries.EVENTS.c.id)
+                                                          .order_by(deliveries.EVENTS.c.id)).scalars()))
+        assert len(events) == 5
+        hooks = [store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
+                           write=True).id for _ in range(2)]
+        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
+            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 0, "created_at": now,
+             "next_attempt_at": now} for hook in hooks for event in events]), write=True)
+
+        def claim(at: dt.datetime, limit: int = 10, run: int = deliveries.RUN) -> list[list[int]]:
+            runs = store.run(lambda conn: deliveries.claim(conn, at, limit, run), write=True)
+            return [[c.event_id for c in r] for r in runs]
+
+        first = store.run(lambda conn: deliveries.claim(conn, now, 1, 3), write=True)
+        # One subscription (limit 1), its three oldest in feed order (run 3); nothing else is due
+        # while they are held: the rest of that queue waits behind them, the other is taken next.
+        assert [[c.event_id for c in r] for r in first] == [events[:3]]
+        assert claim(now) == [events]
+        assert claim(now) == []
+        second, third = first[0][1], first[0][2]
+        outcomes = store.run(functools.partial(deliveries.finish, answers=[
+            deliveries.Answer(first[0][0], 204, None, now), deliveries.Answer(second, 503, "busy", now),
+            deliveries.Answer(third, None, None, now, tried=False)]), write=True)
+        assert outcomes == ["sent", "retried", "untried"]
+        assert [state_of(database, c.id) for c in first[0]] == [("sent", 1, 204), ("pending", 1, 503),
+                                                                 ("pending", 0, None)]
+        # The failed one goes again after its delay, alone (its receiver is known to fail), and
+        # the untried one is not held: it waits only for the failed one, in order.
+        assert claim(now + dt.timedelta(seconds=0.5)) == []
+        later = now + dt.timedelta(seconds=deliveries.retry_delay(1))
+        retried = store.run(lambda conn: deliveries.claim(conn, later, 10), write=True)
+        assert [[c.event_id for c in r] for r in retried] == [[second.event_id]]
+        store.run(functools.partial(deliveries.finish, answers=[deliveries.Answer(retried[0][0], 200, None, later)]),
+                  write=True)
+        assert claim(later) == [events[2:]]
+    finally:
+        store.dispose()

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
-from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
-from sqlalchemy import and_
+from sqlalchemy import Select
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import exists
 from sqlalchemy import func
+from sqlalchemy import literal_column
 from sqlalchemy import or_
 from sqlalchemy import select
+from sqlalchemy import union_all
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -47,6 +50,7 @@ CURSOR = table(WebhookCursor)
 EVENTS = table(JobEvent)
 PENDING, SENT, DEAD = "pending", "sent", "dead"
 RETRIED = "retried"  # what finish() reports for a delivery that stays pending
+UNTRIED = "untried"  # ... and for one released untried, its run having stopped before it
 # Retries back off from 1 s, doubling, up to 10 minutes apart, for a day.
 FIRST_RETRY_S = 1.0
 LONGEST_RETRY_S = 600.0
@@ -56,6 +60,8 @@ GIVE_UP_AFTER = dt.timedelta(hours=24)
 # subscription's later deliveries wait behind it that long.
 LEASE = dt.timedelta(seconds=30)
 FAN_OUT_BATCH = 500
+# At most this many deliveries of one subscription go to one sender at a time.
+RUN = 20
 _ERROR_CHARS = 500
 
 
@@ -72,6 +78,17 @@ class Claimed:
     secret: str | None
     format: str
     event: StreamEvent  # with its job as it is now
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What came of one try: the receiver's status (None: no answer) and why it failed, at ``at``."""
+
+    claimed: Claimed
+    status: int | None
+    error: str | None
+    at: dt.datetime
+    tried: bool = True  # False: its run stopped before it (an earlier one failed); it is released
 
 
 def fan_out(conn: Connection, now: dt.datetime) -> int:
@@ -93,12 +110,17 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
         return 0
     hooks = conn.execute(select(WEBHOOKS.c.id, WEBHOOKS.c.statuses, WEBHOOKS.c.clusters, WEBHOOKS.c.start_after)
                          .where(WEBHOOKS.c.enabled)).all()
+    # Events come in few (status, cluster) kinds: each kind's subscriptions are found once.
+    kinds: dict[tuple[str, str], list[Any]] = {}
+    for event in events:
+        if (event.status, event.cluster) not in kinds:
+            cluster = wire_cluster(event.cluster)
+            kinds[event.status, event.cluster] = [hook for hook in hooks if event.status in hook.statuses
+                                                  and (not hook.clusters or cluster in hook.clusters)]
     rows = [
         {"webhook_id": hook.id, "event_id": event.id, "state": PENDING, "attempts": 0, "created_at": now,
          "next_attempt_at": now}
-        for event in events for hook in hooks
-        if event.id > hook.start_after and event.status in hook.statuses
-        and (not hook.clusters or wire_cluster(event.cluster) in hook.clusters)
+        for event in events for hook in kinds[event.status, event.cluster] if event.id > hook.start_after
     ]
     if rows:
         insert = (pg_insert if is_postgres(conn) else sqlite_insert)(DELIVERIES)
@@ -107,48 +129,66 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
     return len(rows)
 
 
-_OLDER = DELIVERIES.alias("older")
-_DUE = (
-    select(DELIVERIES.c.id)
-    # Nothing older of the same subscription still to go: receivers hear in feed order.
-    .where(~exists().where(_OLDER.c.webhook_id == DELIVERIES.c.webhook_id, _OLDER.c.state == PENDING,
-                           _OLDER.c.event_id < DELIVERIES.c.event_id))
-    .order_by(DELIVERIES.c.id)
-)
+# A subscription's oldest pending delivery: the only one that may go (receivers hear in feed
+# order). One probe of the partial index on pending rows per subscription, however many wait
+# behind a receiver that is down; the state is a literal so PostgreSQL matches that index.
+_QUEUED = DELIVERIES.alias("queued")
+_OLDEST = (select(_QUEUED.c.id).where(_QUEUED.c.webhook_id == WEBHOOKS.c.id,
+                                      _QUEUED.c.state == literal_column("'pending'"))
+           .order_by(_QUEUED.c.event_id).limit(1).correlate(WEBHOOKS).scalar_subquery())
+_NOW = bindparam("now", type_=DELIVERIES.c.next_attempt_at.type)
+# Its time has come and no sender holds it.
+_DUE_CONDITION = (DELIVERIES.c.next_attempt_at <= _NOW,
+                  or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= _NOW))
+_DUE = (select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts)
+        .select_from(WEBHOOKS).join(DELIVERIES, DELIVERIES.c.id == _OLDEST).where(*_DUE_CONDITION))
+_CLAIMABLE = _DUE.order_by(DELIVERIES.c.id).limit(bindparam("limit"))
+_CLAIMABLE_LOCKED = _CLAIMABLE.with_for_update(of=DELIVERIES, skip_locked=True)
 
 
-def _due_at(now: dt.datetime) -> ColumnElement[bool]:
-    """A pending delivery's own condition to go at ``now``: its time has come and no sender holds it."""
-    return and_(DELIVERIES.c.state == PENDING, DELIVERIES.c.next_attempt_at <= now,
-                or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= now))
+def _followers(webhook_id: int, after: int, more: int) -> Select[tuple[int]]:
+    """The deliveries queued behind a subscription's head, in feed order: they go in its run."""
+    return (select(DELIVERIES.c.id)
+            .where(DELIVERIES.c.webhook_id == webhook_id, DELIVERIES.c.state == literal_column("'pending'"),
+                   DELIVERIES.c.event_id > after)
+            .order_by(DELIVERIES.c.event_id).limit(more))
 
 
-def claim(conn: Connection, now: dt.datetime, limit: int, *, webhook_id: int | None = None) -> list[Claimed]:
-    """Take up to ``limit`` deliveries that are due (of one subscription, if given) for ``LEASE``, with their events.
+_CLAIMED = (select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts,
+                   DELIVERIES.c.created_at, WEBHOOKS.c.url, WEBHOOKS.c.secret, WEBHOOKS.c.format)
+            .join(WEBHOOKS, WEBHOOKS.c.id == DELIVERIES.c.webhook_id)
+            .where(DELIVERIES.c.id.in_(bindparam("ids", expanding=True)))
+            .order_by(DELIVERIES.c.webhook_id, DELIVERIES.c.event_id))
 
-    No other sender gets them meanwhile. A subscription has at most one due at a time.
+
+def claim(conn: Connection, now: dt.datetime, limit: int, run: int = RUN) -> list[list[Claimed]]:
+    """Take the due deliveries of up to ``limit`` subscriptions for ``LEASE``, with their events, as runs.
+
+    A run is one subscription's oldest pending delivery and, when it was never tried (its
+    receiver is not known to fail), up to ``run`` - 1 more queued behind it, in feed order:
+    one sender sends them one after another. No other sender gets them meanwhile.
     """
-    due = _DUE.where(_due_at(now)).limit(limit)
-    if webhook_id is not None:
-        due = due.where(DELIVERIES.c.webhook_id == webhook_id)
-    if is_postgres(conn):
-        due = due.with_for_update(of=DELIVERIES, skip_locked=True)
-    ids = list(conn.execute(due).scalars())
-    if not ids:
+    due = _CLAIMABLE_LOCKED if is_postgres(conn) else _CLAIMABLE
+    heads = conn.execute(due, {"now": now, "limit": limit}).all()
+    if not heads:
         return []
+    ids = [head.id for head in heads]
+    if followed := [_followers(h.webhook_id, h.event_id, run - 1).subquery() for h in heads
+                    if h.attempts == 0 and run > 1]:
+        # One statement, one index range of at most run - 1 rows per subscription.
+        ids += conn.execute(union_all(*(select(queue.c.id) for queue in followed))).scalars()
     conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(ids)).values(claimed_until=now + LEASE))
-    rows = conn.execute(
-        select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts,
-               DELIVERIES.c.created_at, WEBHOOKS.c.url, WEBHOOKS.c.secret, WEBHOOKS.c.format)
-        .join(WEBHOOKS, WEBHOOKS.c.id == DELIVERIES.c.webhook_id)
-        .where(DELIVERIES.c.id.in_(ids)).order_by(DELIVERIES.c.id)
-    ).all()
+    rows = conn.execute(_CLAIMED, {"ids": ids}).all()
     # Read here, in the claim's transaction, so a send needs no read of its own.
     found = streams.by_id(conn, [row.event_id for row in rows])
     if gone := [row.id for row in rows if row.event_id not in found]:
         # Only when events were deleted without the foreign keys' cascade: nothing to send.
         conn.execute(delete(DELIVERIES).where(DELIVERIES.c.id.in_(gone)))
-    return [Claimed(*row, event=found[row.event_id]) for row in rows if row.event_id in found]
+    runs: dict[int, list[Claimed]] = {}
+    for row in rows:
+        if row.event_id in found:
+            runs.setdefault(row.webhook_id, []).append(Claimed(*row, event=found[row.event_id]))
+    return list(runs.values())
 
 
 def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
@@ -157,7 +197,7 @@ def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
     newer = select(EVENTS.c.id).where(EVENTS.c.id > position)
     if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
         newer = newer.where(settled)
-    row = conn.execute(select(exists(newer), exists(select(DELIVERIES.c.id).where(_due_at(now))))).one()
+    row = conn.execute(select(exists(newer), exists(_DUE)), {"now": now}).one()
     return bool(row[0]), bool(row[1])
 
 
@@ -166,20 +206,18 @@ def retry_delay(attempts: int) -> float:
     return float(min(LONGEST_RETRY_S, FIRST_RETRY_S * 2 ** (attempts - 1)))
 
 
-def finish(conn: Connection, claimed: Claimed, status: int | None, error: str | None, now: dt.datetime) -> str:
-    """Record the receiver's answer (``status`` None: none came); the outcome: sent, retried or dead.
+def _failed(conn: Connection, answer: Answer) -> str:
+    """Record an answer other than a 2xx; the outcome: retried or dead.
 
-    A 2xx sends it. 410 Gone kills it and disables the subscription (its other pending
-    deliveries die with it). Anything else tries again later, until a day has passed.
+    410 Gone kills it and disables the subscription (its other pending deliveries die with
+    it). Anything else tries again later, until a day has passed.
     """
-    attempts = claimed.attempts + 1
-    error = None if error is None else error[:_ERROR_CHARS]
+    claimed, now = answer.claimed, answer.at
+    error = None if answer.error is None else answer.error[:_ERROR_CHARS]
     mine = update(DELIVERIES).where(DELIVERIES.c.id == claimed.id, DELIVERIES.c.state == PENDING)
-    done = {"attempts": attempts, "last_status": status, "last_error": error, "claimed_until": None}
-    if status is not None and 200 <= status < 300:
-        conn.execute(mine.values(state=SENT, sent_at=now, **done))
-        return SENT
-    if status == 410:
+    done = {"attempts": claimed.attempts + 1, "last_status": answer.status, "last_error": error,
+            "claimed_until": None}
+    if answer.status == 410:
         reason = f"the receiver answered 410 Gone at {now.isoformat(timespec='seconds')}"
         conn.execute(update(WEBHOOKS).where(WEBHOOKS.c.id == claimed.webhook_id)
                      .values(enabled=False, disabled_reason=reason))
@@ -191,8 +229,33 @@ def finish(conn: Connection, claimed: Claimed, status: int | None, error: str | 
     if now - claimed.created_at >= GIVE_UP_AFTER:
         conn.execute(mine.values(state=DEAD, **done))
         return DEAD
-    conn.execute(mine.values(next_attempt_at=now + dt.timedelta(seconds=retry_delay(attempts)), **done))
+    conn.execute(mine.values(next_attempt_at=now + dt.timedelta(seconds=retry_delay(claimed.attempts + 1)),
+                             **done))
     return RETRIED
+
+
+def finish(conn: Connection, answers: list[Answer]) -> list[str]:
+    """Record receivers' answers; each one's outcome (sent, retried or dead), in order.
+
+    A 2xx sends it: one UPDATE per status code however many there are (their ``sent_at``
+    is the latest answer's among them: a batch is milliseconds wide). 410 Gone kills it and
+    disables the subscription; anything else retries later (``_failed``). One never tried
+    goes back to the queue at once, for the next claim.
+    """
+    sent: dict[int, list[Answer]] = {}
+    for answer in answers:
+        if answer.tried and answer.status is not None and 200 <= answer.status < 300:
+            sent.setdefault(answer.status, []).append(answer)
+    if untried := [answer.claimed.id for answer in answers if not answer.tried]:
+        conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(untried), DELIVERIES.c.state == PENDING)
+                     .values(claimed_until=None))
+    for status, group in sent.items():
+        conn.execute(update(DELIVERIES)
+                     .where(DELIVERIES.c.id.in_([a.claimed.id for a in group]), DELIVERIES.c.state == PENDING)
+                     .values(state=SENT, sent_at=max(a.at for a in group), attempts=DELIVERIES.c.attempts + 1,
+                             last_status=status, last_error=None, claimed_until=None))
+    return [UNTRIED if not answer.tried else SENT if answer.status is not None and 200 <= answer.status < 300
+            else _failed(conn, answer) for answer in answers]
 
 
 def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:
