@@ -1,13 +1,21 @@
-"""The ``collector`` command: ``serve``, ``prune``, ``token``, ``webhook``, ``db`` (``db`` also under ``flask``)."""
+"""The ``collector`` command: ``serve``, ``prune``, ``token``, ``webhook``, ``db`` (``db`` also under
+``flask``), the batch-job commands (``report``, ``stream-logs``, ``wrap``) and the readers
+(``jobs``, ``show``, ``logs``, ``events``).
+
+Subcommands that live in other modules load only when run, so ``collector jobs`` on a
+login node never imports the server's packages.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 from typing import cast
 
 import click
@@ -15,12 +23,8 @@ import click
 from collector.cli_options import database_url_of
 from collector.cli_options import db_option
 from collector.cli_options import redacted
-from collector.probe import probe as probe_command
-from collector.reporter.cli import client_commands
 from collector.settings import Settings
 from collector.settings import SettingsError
-from collector.token_cli import token_group
-from collector.webhook_cli import webhook_group
 
 if TYPE_CHECKING:
     from collector.probe import ProbeThread
@@ -29,7 +33,53 @@ if TYPE_CHECKING:
 log = logging.getLogger("collector")
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A group whose other modules' subcommands are imported only when named (click's lazy loading recipe)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy  # name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            # A client-only install (`pip install collector`) running a server command.
+            if (exc.name or "").partition(".")[0] not in SERVER_PACKAGES:
+                raise
+            raise click.ClickException(f"this command needs the collector's server packages ({exc.name} is not "
+                                       "installed): pip install 'collector[server]'") from None
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, _, attribute = self.lazy[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+# What `pip install "collector[server]"` adds to the client side (pyproject.toml).
+SERVER_PACKAGES = frozenset({"flask", "werkzeug", "sqlalchemy", "psycopg", "alembic", "pydantic", "pydantic_core",
+                             "gunicorn", "prometheus_client", "urllib3"})
+LAZY = {
+    "token": "collector.token_cli:token_group",
+    "webhook": "collector.webhook_cli:webhook_group",
+    "probe": "collector.probe:probe",
+    # Inside batch jobs (collector/reporter).
+    "report": "collector.reporter.cli:report",
+    "stream-logs": "collector.reporter.cli:stream_logs",
+    "wrap": "collector.reporter.cli:wrap",
+    # For people in terminals (collector/reader).
+    "jobs": "collector.reader.cli:jobs",
+    "show": "collector.reader.cli:show",
+    "logs": "collector.reader.cli:logs",
+    "events": "collector.reader.cli:events",
+}
+
+
+@click.group(cls=LazyGroup, lazy=LAZY)
 def main() -> None:
     """The shared job-status collector for srtctl."""
 
@@ -299,8 +349,3 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 
 main.add_command(db_group)
-main.add_command(token_group)
-main.add_command(webhook_group)
-main.add_command(probe_command)
-for _command in client_commands.commands.values():  # report, stream-logs, wrap
-    main.add_command(_command)

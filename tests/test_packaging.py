@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import site
 import subprocess
 import sys
@@ -61,3 +62,31 @@ def test_installed_wheel_migrates_and_serves_outside_the_checkout(wheel, tmp_pat
         assert requests.get(server.url + "/api/ready", timeout=5).json()["status"] == "ok"
     finally:
         server.stop()
+
+
+def test_the_client_side_installs_alone_and_reads_from_a_collector(wheel, tmp_path, serve):
+    # A login node: the wheel without the server's packages, with click (the readers' one dependency).
+    import click
+
+    api = serve(write_token="w-client", read_token="r-client")
+    assert api.post("/api/jobs", json={"job_id": "7", "job_name": "n-7", "submitted_at": "2026-12-03T08:00:00Z",
+                                       "cluster": "b200"}).status_code == 201
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "click").symlink_to(Path(click.__file__).parent)
+    venv_site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], child_env())
+    (Path(venv_site.stdout.strip()) / "_deps.pth").write_text(f"{deps}\n")
+    installed = run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], child_env(), timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    collector = str(venv / "bin" / "collector")
+    env = child_env(COLLECTOR_ENDPOINT=api.url, SRTCTL_STATUS_READ_TOKEN="r-client")
+    listed = run([collector, "jobs", "--json"], env, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [job["job_id"] for job in json.loads(listed.stdout)["jobs"]] == ["7"]
+    served = run([collector, "serve", "--port", "0"], env, cwd=tmp_path)
+    assert served.returncode == 1
+    assert served.stderr.startswith("Error: this command needs the collector's server packages (")
+    assert served.stderr.rstrip().endswith("pip install 'collector[server]'")

@@ -130,6 +130,3 @@ def wrap(client: Client, interval: float, outbox: str | None, log_dir: str | Non
     raise SystemExit(wrap_command(client, list(command), log_dir=log_dir, outbox=outbox, interval=interval,
                          job_name=job_name or os.environ.get("SLURM_JOB_NAME"), signal_grace=signal_grace))
 
-
-client_commands = click.Group("client", commands=[report, stream_logs, wrap],
-                              help="Commands that run inside batch jobs and report to collectors.")
