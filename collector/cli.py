@@ -76,6 +76,7 @@ LAZY = {
     "show": "collector.reader.cli:show",
     "logs": "collector.reader.cli:logs",
     "events": "collector.reader.cli:events",
+    "watch": "collector.reader.cli:watch",
 }
 
 

@@ -23,7 +23,8 @@ from tests.processes import collector_command
 from tests.processes import run
 
 OCTET = {"Content-Type": "application/octet-stream"}
-HEAVY = ("flask", "sqlalchemy", "psycopg", "pydantic", "requests", "gunicorn", "alembic", "werkzeug")
+HEAVY = ("flask", "sqlalchemy", "psycopg", "pydantic", "requests", "gunicorn", "alembic", "werkzeug", "textual",
+         "rich")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""The read side for people in terminals: ``collector jobs``, ``show``, ``logs`` and ``events``.
+"""The read side for people in terminals: ``collector jobs``, ``show``, ``logs``, ``events`` and ``watch``.
 
-Only the standard library and click: a login node that runs these needs none of the
-server's packages, and ``collector jobs --json`` starts without loading them.
+The readers need only the standard library and click, so a login node that runs them
+needs none of the server's packages, and ``collector jobs --json`` starts without
+loading them. ``collector watch`` (watch.py) adds Textual, imported by it alone.
 """

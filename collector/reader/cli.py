@@ -174,8 +174,24 @@ def _pages(collector: Collector, after: int, filters: dict[str, str | None]) -> 
         after = page["next_cursor"]
 
 
+@click.command()
+@reader_options
+@click.option("--cluster", default=None, help="Only jobs (and events) of this cluster.")
+@click.option("--status", default=None, help="Only jobs in this status.")
+def watch(collector: Collector, cluster: str | None, status: str | None) -> None:
+    """A full-screen dashboard: cluster health, every job live, a job's timeline and logs (q quits)."""
+    from collector.reader.watch import WatchApp  # Textual loads only here
+
+    WatchApp(collector, cluster=cluster, status=status).run()
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
 def follow_events(collector: Collector, after: int | None, filters: dict[str, str | None], *,
-                  retries: int = 3, poll_s: float = 2.0, retry_stream_s: float = 30.0) -> Iterator[dict[str, Any]]:
+                  retries: int = 3, poll_s: float = 2.0, retry_stream_s: float = 30.0,
+                  say: Callable[[str], None] = _say) -> Iterator[dict[str, Any]]:
     """Events as they happen, from the push stream, resumed by ``Last-Event-ID`` after a drop.
 
     After ``retries`` failures in a row to open the stream (the collector is down, or a
@@ -185,9 +201,13 @@ def follow_events(collector: Collector, after: int | None, filters: dict[str, st
     last, failures = after, 0
     while True:
         try:
+            if last is None:
+                # The live edge, found before the stream opens: what commits meanwhile, or
+                # while the collector is away, is then replayed, never skipped.
+                last = _newest(collector, filters)
             for frame in collector.stream("/api/events/stream", filters, last_event_id=last):
                 if failures >= retries:
-                    click.echo("stream: back; following it again", err=True)
+                    say("stream: back; following it again")
                 failures = 0
                 if frame.event == "job-event" and frame.id is not None:
                     last = frame.id
@@ -195,15 +215,15 @@ def follow_events(collector: Collector, after: int | None, filters: dict[str, st
         except ReaderError as exc:
             failures += 1
             if failures == retries:
-                click.echo(f"stream: {exc}; polling /api/events every {poll_s:g} s meanwhile", err=True)
+                say(f"stream: {exc}; polling /api/events every {poll_s:g} s meanwhile")
         if failures < retries:
             time.sleep(1.0 if failures else 0.1)  # a stream that ended (a restart) is reopened at once
             continue
         deadline = time.monotonic() + retry_stream_s
         while time.monotonic() < deadline:
             try:
-                if last is None:
-                    last = _newest(collector, filters)  # the live edge, where the stream would have started
+                if last is None:  # down since the start: the live edge once it answers
+                    last = _newest(collector, filters)
                 for event in _pages(collector, last, filters):
                     last = event["id"]
                     yield event
@@ -233,5 +253,3 @@ def _quoted(job_id: str) -> str:
 
     return quote(job_id, safe="")
 
-
-COMMANDS = (jobs, show, logs, events)
