@@ -218,3 +218,23 @@ def test_the_screenshots_command_shows_two_clusters_a_queue_reason_and_a_followe
     assert all(word in jobs for word in ("b200", "h100", "degraded", "Resources", "failed&#160;(137)", "live"))
     log = (tmp_path / "watch-job-log.svg").read_text()
     assert "KV&#160;cache&#160;93%&#160;full" in log and "following" in log
+
+
+def test_several_clusters_and_statuses_are_merged_newest_first(api):
+    seed(api)
+    submit(api, "88", cluster="gb200", submitted_at="2026-12-03T09:00:00Z")
+
+    async def both(app: WatchApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: [row[0] for row in rows(app)] == ["77", "42", "41"], 10, "b200 and h100",
+                    lambda: rows(app))
+        assert "(cluster b200, h100)" in text_of(app.screen.query_one("#status", Static))
+
+    drive(api.url, api.settings.read_token, both, clusters=("b200", "h100"))
+
+    async def failed_or_submitted(app: WatchApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: [row[0] for row in rows(app)] == ["88", "42", "41"], 10, "two statuses",
+                    lambda: rows(app))
+        status = text_of(app.screen.query_one("#status", Static))
+        assert status.startswith("page 1/1, 3 jobs (status failed, submitted)")
+
+    drive(api.url, api.settings.read_token, failed_or_submitted, statuses=("failed", "submitted"))

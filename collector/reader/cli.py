@@ -176,13 +176,13 @@ def _pages(collector: Collector, after: int, filters: dict[str, str | None]) -> 
 
 @click.command()
 @reader_options
-@click.option("--cluster", default=None, help="Only jobs (and events) of this cluster.")
-@click.option("--status", default=None, help="Only jobs in this status.")
-def watch(collector: Collector, cluster: str | None, status: str | None) -> None:
+@click.option("--cluster", "clusters", multiple=True, help="Only jobs of this cluster; repeatable.")
+@click.option("--status", "statuses", multiple=True, help="Only jobs in this status; repeatable.")
+def watch(collector: Collector, clusters: tuple[str, ...], statuses: tuple[str, ...]) -> None:
     """A full-screen dashboard: cluster health, every job live, a job's timeline and logs (q quits)."""
     from collector.reader.watch import WatchApp  # Textual loads only here
 
-    WatchApp(collector, cluster=cluster, status=status).run()
+    WatchApp(collector, clusters=clusters, statuses=statuses).run()
 
 
 def _say(line: str) -> None:

@@ -40,6 +40,7 @@ from collector.reader.api import ReaderError
 from collector.reader.cli import follow_events
 
 PER_PAGE = 50
+MAX_PAGE = 100  # the API's largest page
 REFRESH_S = 0.5  # the jobs table is read again at most this often after events
 LOG_POLL_S = 1.0
 LOG_LINES = 10_000  # the log pane keeps this many lines
@@ -336,10 +337,11 @@ class WatchApp(App[None]):
     #log { width: 2fr; }
     """
 
-    def __init__(self, collector: Collector, *, cluster: str | None = None, status: str | None = None) -> None:
+    def __init__(self, collector: Collector, *, clusters: tuple[str, ...] = (), statuses: tuple[str, ...] = ()
+                 ) -> None:
         super().__init__()
         self.collector = collector
-        self.cluster, self.status = cluster, status
+        self.only_clusters, self.only_statuses = clusters, statuses
         self.query_text = ""
         self.page = 1
         self.total = 0
@@ -367,15 +369,37 @@ class WatchApp(App[None]):
 
     @work(thread=True, exclusive=True, group="page")
     def _load_page(self) -> None:
-        params = {"cluster": self.cluster, "status": self.status, "q": self.query_text or None,
-                  "per_page": PER_PAGE, "page": self.page}
         try:
-            listing = self.collector.get("/api/jobs", params)
+            listing = self._page()
             clusters = {c["cluster"]: c for c in self.collector.get("/api/clusters")["clusters"]}
         except ReaderError as exc:
             self._from_thread(self.say, f"cannot read the jobs: {exc}")
             return
         self._from_thread(self._shown, listing, clusters)
+
+    def _page(self) -> dict[str, Any]:
+        """The current page: one read with at most one cluster and status, else the lists merged."""
+        combos = [(c, s) for c in self.only_clusters or (None,) for s in self.only_statuses or (None,)]
+        query = self.query_text or None
+        if len(combos) == 1:
+            (cluster, status), = combos
+            listing: dict[str, Any] = self.collector.get("/api/jobs", {
+                "cluster": cluster, "status": status, "q": query, "per_page": PER_PAGE, "page": self.page})
+            return listing
+        # The API filters on one of each: read each list as far as this page reaches, newest first.
+        need, jobs, total = self.page * PER_PAGE, [], 0
+        for cluster, status in combos:
+            found: list[dict[str, Any]] = []
+            for page in range(1, need // MAX_PAGE + 2):
+                listing = self.collector.get("/api/jobs", {"cluster": cluster, "status": status, "q": query,
+                                                           "per_page": MAX_PAGE, "page": page})
+                total += listing["total"] if page == 1 else 0
+                found += listing["jobs"]
+                if len(listing["jobs"]) < MAX_PAGE or len(found) >= need:
+                    break
+            jobs += found[:need]
+        jobs.sort(key=lambda job: job.get("submitted_at") or "", reverse=True)
+        return {"jobs": jobs[need - PER_PAGE:need], "total": total, "page": self.page, "per_page": PER_PAGE}
 
     def _shown(self, listing: dict[str, Any], clusters: dict[str | None, dict[str, Any]]) -> None:
         self.listing, self.clusters = listing, clusters
@@ -391,7 +415,8 @@ class WatchApp(App[None]):
             self.reload()
 
     def _follow_events(self) -> None:
-        filters = {"cluster": self.cluster}
+        # The stream filters on one cluster; with several, every event may touch the page.
+        filters = {"cluster": self.only_clusters[0] if len(self.only_clusters) == 1 else None}
         while not self._stopping.is_set():
             self._from_thread(self._set_live, "live")
             for _event in follow_events(self.collector, None, filters, say=self._said):
@@ -453,8 +478,10 @@ class WatchApp(App[None]):
             return
         total = int(self.listing.get("total", 0))
         pages = max((total - 1) // PER_PAGE + 1, 1)
-        filters = [f"{name} {value!r}" for name, value in (("cluster", self.cluster), ("status", self.status),
-                                                           ("search", self.query_text)) if value]
+        filters = [f"{name} {value}" for name, value in (("cluster", ", ".join(self.only_clusters)),
+                                                         ("status", ", ".join(self.only_statuses)),
+                                                         ("search", repr(self.query_text) if self.query_text else ""))
+                   if value]
         parts = [f"page {self.page}/{pages}, {total} jobs" + (f" ({', '.join(filters)})" if filters else ""),
                  self.live, self.collector.endpoint]
         if problem:
