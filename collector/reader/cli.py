@@ -191,15 +191,16 @@ def _say(line: str) -> None:
 
 def follow_events(collector: Collector, after: int | None, filters: dict[str, str | None], *,
                   retries: int = 3, poll_s: float = 2.0, retry_stream_s: float = 30.0,
-                  say: Callable[[str], None] = _say) -> Iterator[dict[str, Any]]:
+                  say: Callable[[str], None] = _say, stopped: Callable[[], bool] = lambda: False
+                  ) -> Iterator[dict[str, Any]]:
     """Events as they happen, from the push stream, resumed by ``Last-Event-ID`` after a drop.
 
     After ``retries`` failures in a row to open the stream (the collector is down, or a
     proxy buffers or refuses streams), polls ``/api/events`` every ``poll_s`` instead and
-    says so on stderr, trying the stream again every ``retry_stream_s``.
+    says so on stderr, trying the stream again every ``retry_stream_s``. Ends once ``stopped()``.
     """
     last, failures = after, 0
-    while True:
+    while not stopped():
         try:
             if last is None:
                 # The live edge, found before the stream opens: what commits meanwhile, or
@@ -220,7 +221,7 @@ def follow_events(collector: Collector, after: int | None, filters: dict[str, st
             time.sleep(1.0 if failures else 0.1)  # a stream that ended (a restart) is reopened at once
             continue
         deadline = time.monotonic() + retry_stream_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stopped():
             try:
                 if last is None:  # down since the start: the live edge once it answers
                     last = _newest(collector, filters)

@@ -417,12 +417,9 @@ class WatchApp(App[None]):
     def _follow_events(self) -> None:
         # The stream filters on one cluster; with several, every event may touch the page.
         filters = {"cluster": self.only_clusters[0] if len(self.only_clusters) == 1 else None}
-        while not self._stopping.is_set():
-            self._from_thread(self._set_live, "live")
-            for _event in follow_events(self.collector, None, filters, say=self._said):
-                if self._stopping.is_set():
-                    return
-                self._dirty.set()
+        self._from_thread(self._set_live, "live")
+        for _event in follow_events(self.collector, None, filters, say=self._said, stopped=self._stopping.is_set):
+            self._dirty.set()
 
     def _follow_clusters(self) -> None:
         while not self._stopping.is_set():
