@@ -19,6 +19,7 @@ import dataclasses
 import datetime as dt
 import http.server
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -35,6 +36,8 @@ from collector.contract import format_timestamp
 from collector.janitor import Janitor
 from collector.janitor import get_janitor
 from collector.settings import Settings
+from tests.processes import ServerProcess
+from tests.processes import child_env
 
 T = TypeVar("T")
 
@@ -448,3 +451,39 @@ def log_files(api: LiveServer, job_id: str) -> dict[str, tuple[int, bool]]:
     if response.status_code == 404:
         return {}
     return {f["file"]: (f["size"], f["final"]) for f in response.json()["files"]}
+
+
+# A collector that stops and starts again on the same port (readers and the dashboard resume).
+class Restartable:
+    """gunicorn (one worker) on ``database_url``, on a port kept across ``restart()``; writes with ``token``."""
+
+    def __init__(self, database_url: str, token: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url, self.token = f"http://127.0.0.1:{self.port}", token
+        self._env = child_env(COLLECTOR_DATABASE_URL=database_url, COLLECTOR_PORT=str(self.port),
+                              COLLECTOR_WORKERS="1", SRTCTL_STATUS_TOKEN=token)
+        self.server = self._start()
+
+    def _start(self) -> ServerProcess:
+        return ServerProcess([sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
+                              "collector.wsgi:app"], self._env)
+
+    def restart(self) -> None:
+        """Stop the server (SIGTERM) and start it again on the same port."""
+        self.server.stop()
+        self.start()
+
+    def start(self) -> None:
+        """Start the server again on the same port (after ``stop()``)."""
+        self.server = self._start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def write(self, job_id: str, status: str) -> None:
+        """PUT ``status`` for ``job_id`` on cluster b200; it must be accepted."""
+        body = {"status": status, "updated_at": "2026-12-03T09:00:00Z", "metadata": {"cluster": "b200"}}
+        assert requests.put(f"{self.url}/api/jobs/{job_id}", json=body, timeout=10,
+                            headers={"Authorization": f"Bearer {self.token}"}).status_code == 200

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 
 import pytest
-import requests
 
+from tests.helpers import Restartable
 from tests.helpers import put
 from tests.helpers import submit
 from tests.helpers import wait_for
-from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import collector_command
 from tests.processes import run
@@ -247,43 +244,27 @@ def test_the_readers_load_none_of_the_server_s_packages(api):
 
 def test_events_follow_resumes_after_the_collector_restarts_without_losing_or_repeating(database):
     database.clean()
-    with socket.socket() as probe:  # a port to come back on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = child_env(COLLECTOR_DATABASE_URL=database.url, COLLECTOR_PORT=str(port), COLLECTOR_WORKERS="1",
-                    SRTCTL_STATUS_TOKEN="w-restart")
-
-    def start() -> ServerProcess:
-        return ServerProcess([sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "collector.wsgi:app"],
-                             env)
-
-    def write(job_id: str, status: str) -> None:
-        body = {"status": status, "updated_at": "2026-12-03T09:00:00Z", "metadata": {"cluster": "b200"}}
-        assert requests.put(f"http://127.0.0.1:{port}/api/jobs/{job_id}", json=body, timeout=10,
-                            headers={"Authorization": "Bearer w-restart"}).status_code == 200
-
-    server = start()
+    collector = Restartable(database.url, "w-restart")
     follower = subprocess.Popen(collector_command("events", "-f", "--json"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=child_env(
-                                    COLLECTOR_ENDPOINT=server.url, SRTCTL_STATUS_TOKEN="w-restart"))
+                                    COLLECTOR_ENDPOINT=collector.url, SRTCTL_STATUS_TOKEN="w-restart"))
     seen: list[dict] = []
     lines = follower.stdout
     assert lines is not None
     threading.Thread(target=lambda: seen.extend(json.loads(line) for line in lines), daemon=True).start()
     try:
         time.sleep(1.5)  # the stream is open at the live edge
-        write("r1", "starting")
+        collector.write("r1", "starting")
         wait_for(lambda: len(seen) == 1, 10, "the first event")
-        server.stop()
-        server = start()
+        collector.restart()
         for status in ("workers", "frontend", "benchmark"):  # before or after the follower is back
-            write("r1", status)
+            collector.write("r1", status)
         wait_for(lambda: len(seen) >= 4, 45, "the events written after the restart")
         time.sleep(1.0)
     finally:
         follower.terminate()
         _, err = follower.communicate(timeout=10)
-        server.stop()
+        collector.stop()
     assert [e["status"] for e in seen] == ["starting", "workers", "frontend", "benchmark"]
     assert [e["id"] for e in seen] == sorted({e["id"] for e in seen})
     assert "Traceback" not in err

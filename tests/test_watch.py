@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 import uuid
@@ -13,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 from textual.widgets import RichLog
@@ -23,10 +21,10 @@ from collector.reader.api import Collector
 from collector.reader.watch import Chips
 from collector.reader.watch import JobScreen
 from collector.reader.watch import WatchApp
+from tests.helpers import Restartable
 from tests.helpers import put
 from tests.helpers import reported
 from tests.helpers import submit
-from tests.processes import ServerProcess
 from tests.processes import child_env
 from tests.processes import run
 
@@ -167,45 +165,29 @@ def test_it_fits_80_by_24_and_pages_through_many_jobs(api):
     drive(api.url, api.settings.read_token, scenario, size=(80, 24))
 
 
-def test_it_resumes_after_the_collector_restarts(database):
+def test_it_says_it_polls_while_the_collector_is_away_and_resumes_after_it_restarts(database):
     database.clean()
-    with socket.socket() as probe:  # a port to come back on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = child_env(COLLECTOR_DATABASE_URL=database.url, COLLECTOR_PORT=str(port), COLLECTOR_WORKERS="1",
-                    SRTCTL_STATUS_TOKEN="w-watch")
-    url = f"http://127.0.0.1:{port}"
-
-    def start() -> ServerProcess:
-        return ServerProcess([sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "collector.wsgi:app"],
-                             env)
-
-    def write(job_id: str, status: str) -> None:
-        body = {"status": status, "updated_at": "2026-12-03T09:00:00Z", "metadata": {"cluster": "b200"}}
-        assert requests.put(f"{url}/api/jobs/{job_id}", json=body, timeout=10,
-                            headers={"Authorization": "Bearer w-watch"}).status_code == 200
-
-    servers = [start()]
-    write("r1", "starting")
+    collector = Restartable(database.url, "w-watch")
+    collector.write("r1", "starting")
 
     async def scenario(app: WatchApp, pilot: Pilot[None]) -> None:
         await until(pilot, lambda: [row[:4] for row in rows(app)] == [["r1", "job-r1", "b200", "starting"]], 10,
                     "r1", lambda: rows(app))
         await pilot.pause(1.0)
-        servers[0].stop()
-        await until(pilot, lambda: "polling" in text_of(app.screen.query_one("#status", Static))
-                    or "cannot" in text_of(app.screen.query_one("#status", Static)), 15, "the outage said")
-        servers[0] = start()
-        write("r1", "workers")
-        write("r2", "starting")
+        collector.stop()
+        status = app.screen.query_one("#status", Static)
+        await until(pilot, lambda: "polling" in text_of(status), 15, "the outage said", lambda: text_of(status))
+        collector.start()
+        collector.write("r1", "workers")
+        collector.write("r2", "starting")
         await until(pilot, lambda: [row[:4] for row in rows(app)] == [["r2", "job-r2", "b200", "starting"],
                                                                        ["r1", "job-r1", "b200", "workers"]], 45,
                     "the events written after the restart")
 
     try:
-        drive(url, "w-watch", scenario)
+        drive(collector.url, "w-watch", scenario)
     finally:
-        servers[0].stop()
+        collector.stop()
 
 
 def test_the_screenshots_command_shows_two_clusters_a_queue_reason_and_a_followed_log(tmp_path):
