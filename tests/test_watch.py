@@ -220,3 +220,28 @@ def test_several_clusters_and_statuses_are_merged_newest_first(api):
         assert status.startswith("page 1/1, 3 jobs (status failed, submitted)")
 
     drive(api.url, api.settings.read_token, failed_or_submitted, statuses=("failed", "submitted"))
+
+
+def test_no_color_strips_the_log_s_colours_and_a_keeps_or_strips_them(api, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    submit(api, "55", cluster="b200")
+    red = "plain then \x1b[31mred\x1b[0m\n"
+    assert api.post("/api/jobs/55/logs", params={"file": "out.log", "offset": 0, "cluster": "b200"},
+                    data=red.encode(), headers=dict(OCTET)).status_code == 200
+
+    def coloured(log: RichLog) -> bool:
+        return any(segment.style is not None and segment.style.color is not None
+                   for strip in log.lines for segment in strip)
+
+    async def scenario(app: WatchApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: len(rows(app)) == 1, 10, "the job")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobScreen), 5, "the job's screen")
+        log = app.screen.query_one(RichLog)
+        await until(pilot, lambda: len(log.lines) == 1, 10, "the log line")
+        assert [strip.text for strip in log.lines] == ["plain then red"] and not coloured(log)
+        await pilot.press("a")  # colours kept after all
+        await until(pilot, lambda: coloured(log), 5, "the red kept")
+        assert "colours" in text_of(app.screen.query_one("#logstatus", Static))
+
+    drive(api.url, api.settings.read_token, scenario)
