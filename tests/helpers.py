@@ -203,9 +203,13 @@ class Recorder:
         # ``handler`` is the Handler above (its class is local to __init__).
         split = urllib.parse.urlsplit(handler.path)
         length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else b""
+        if len(body) < length:
+            # The client went away mid-body (killed, say): no HTTP server hands that on as a request.
+            handler.close_connection = True
+            return
         request = Request(handler.command, split.path, dict(urllib.parse.parse_qsl(split.query)),
-                          dict(handler.headers.items()), handler.rfile.read(length) if length else b"",
-                          handler.connection_number)
+                          dict(handler.headers.items()), body, handler.connection_number)
         with self._lock:
             self.requests.append(request)
         answer = self.script(request, self) if self.script else None
