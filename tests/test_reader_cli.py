@@ -268,3 +268,15 @@ def test_events_follow_resumes_after_the_collector_restarts_without_losing_or_re
     assert [e["status"] for e in seen] == ["starting", "workers", "frontend", "benchmark"]
     assert [e["id"] for e in seen] == sorted({e["id"] for e in seen})
     assert "Traceback" not in err
+
+
+def test_logs_follow_starts_at_the_last_ten_lines_even_when_its_window_cuts_a_character(api):
+    submit(api, "404", cluster="b200")
+    # 2 bytes, 9,000 lines of 8 bytes ("é" is 2), and an unfinished one of 1: the 64 KiB
+    # window starts inside an "é". As tail, the unfinished line is the last of the ten.
+    lines = [f"é{n:05d}\n" for n in range(9000)]
+    data = ("xx" + "".join(lines) + "x").encode()
+    assert (len(data) - 64 * 1024 - 2) % 8 == 1  # the second byte of a line's "é"
+    upload(api, "404", "wide.out", 0, data, final=True)
+    tail = reader(api, "logs", "404", "wide.out", "-f", "--cluster", "b200")
+    assert (tail.returncode, tail.stdout) == (0, "".join(lines[-9:]) + "x")

@@ -125,13 +125,16 @@ def logs(collector: Collector, job_id: str, file: str, cluster: str | None, foll
 def _tail_start(collector: Collector, path: str, file: str, cluster: str | None, size: int) -> int:
     """The offset of the file's last ``TAIL_LINES`` lines (within its last 64 KiB)."""
     start = max(size - TAIL_BYTES, 0)
-    text = collector.get(path, {"file": file, "offset": start, "cluster": cluster})["data"]
+    chunk = collector.get(path, {"file": file, "offset": start, "cluster": cluster})
+    text = chunk["data"]
     ends = [i for i, c in enumerate(text) if c == "\n"]
     if text.endswith("\n"):
         ends = ends[:-1]
     if len(ends) < TAIL_LINES:
         return start
-    return start + len(text[:ends[-TAIL_LINES] + 1].encode())
+    # Counted back from where the read ended: a character cut at ``start`` decodes as U+FFFD,
+    # whose length in UTF-8 is not the cut bytes'.
+    return int(chunk["next_offset"]) - len(text[ends[-TAIL_LINES] + 1:].encode())
 
 
 def _print_log(collector: Collector, path: str, file: str, cluster: str | None, offset: int) -> tuple[int, bool]:
