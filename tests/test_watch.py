@@ -17,6 +17,7 @@ from textual.widgets import DataTable
 from textual.widgets import RichLog
 from textual.widgets import Static
 
+from collector.reader import watch
 from collector.reader.api import Collector
 from collector.reader.watch import Chips
 from collector.reader.watch import JobScreen
@@ -243,5 +244,28 @@ def test_no_color_strips_the_log_s_colours_and_a_keeps_or_strips_them(api, monke
         await pilot.press("a")  # colours kept after all
         await until(pilot, lambda: coloured(log), 5, "the red kept")
         assert "colours" in text_of(app.screen.query_one("#logstatus", Static))
+
+    drive(api.url, api.settings.read_token, scenario)
+
+
+def test_a_long_log_opens_at_its_end_with_whole_lines(api, monkeypatch):
+    # The pane reads a file from 1 MiB before its end; here from 6,005 bytes, inside a line.
+    monkeypatch.setattr(watch, "LOG_START_BYTES", 6005)
+    submit(api, "66", cluster="b200")
+    lines = [f"line {n:06d}" for n in range(2000)]  # 12 bytes each
+    data = "".join(line + "\n" for line in lines).encode()
+    assert api.post("/api/jobs/66/logs", params={"file": "long.out", "offset": 0, "cluster": "b200"},
+                    data=data, headers=dict(OCTET)).status_code == 200
+
+    async def scenario(app: WatchApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: len(rows(app)) == 1, 10, "the job")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobScreen), 5, "the job's screen")
+        screen = app.screen
+        assert isinstance(screen, JobScreen)
+        await until(pilot, lambda: screen.lines and screen.lines[-1] == lines[-1], 10, "the log's end")
+        # From the first whole line after the start (24,000 - 6,005 is inside line 1499), to the end.
+        assert screen.lines == lines[1500:]
+        assert [strip.text for strip in screen.query_one(RichLog).lines] == lines[1500:]
 
     drive(api.url, api.settings.read_token, scenario)

@@ -44,6 +44,7 @@ MAX_PAGE = 100  # the API's largest page
 REFRESH_S = 0.5  # the jobs table is read again at most this often after events
 LOG_POLL_S = 1.0
 LOG_LINES = 10_000  # the log pane keeps this many lines
+LOG_START_BYTES = 1024 * 1024  # it starts this far from the end of a file (one read)
 CHIP_STYLE = {"available": "green", "degraded": "yellow", "unavailable": "red"}
 STATUS_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "submitted": "dim"}
 
@@ -183,6 +184,7 @@ class JobScreen(Screen[None]):
         super().__init__()
         self.job_id, self.cluster = job_id, cluster
         self.files: list[str] = []
+        self.sizes: dict[str, int] = {}
         self.file: str | None = None
         self.lines: list[str] = []
         self.following = True
@@ -212,25 +214,29 @@ class JobScreen(Screen[None]):
         except ReaderError as exc:
             self.app.call_from_thread(self.query_one("#detail", Static).update, f"cannot read the job: {exc}")
             return
-        self.app.call_from_thread(self.shown, job, [f["file"] for f in files])
+        self.app.call_from_thread(self.shown, job, {f["file"]: f["size"] for f in files})
 
-    def shown(self, job: dict[str, Any], files: list[str]) -> None:
+    def shown(self, job: dict[str, Any], files: dict[str, int]) -> None:
         self.query_one("#detail", Static).update(render.job_detail(job))
-        self.files = files
+        self.files, self.sizes = list(files), files
         if files and self.file is None:
-            self.open_file(files[0])
+            self.open_file(self.files[0])
         self.say_status()
 
     def open_file(self, name: str) -> None:
         self.file, self.lines = name, []
         self.query_one(RichLog).clear()
         self._generation += 1
-        self.tail(self._generation)
+        self.tail(self._generation, max(self.sizes.get(name, 0) - LOG_START_BYTES, 0))
 
     @work(thread=True, group="tail")
-    def tail(self, generation: int) -> None:
-        """Read the file from its start, then (while following) what arrives, once a second."""
-        collector, offset, partial = self.watch_app.collector, 0, ""
+    def tail(self, generation: int, start: int) -> None:
+        """Read the file from ``start``, then (while following) what arrives, once a second.
+
+        A start inside the file drops the line it cuts (and the character, if it cuts one).
+        """
+        collector, offset, partial = self.watch_app.collector, start, ""
+        cut = start > 0
         path = f"/api/jobs/{_quoted(self.job_id)}/logs"
         while generation == self._generation and self.is_attached:
             try:
@@ -241,6 +247,8 @@ class JobScreen(Screen[None]):
                 continue
             text = partial + chunk["data"]
             *complete, partial = text.split("\n")
+            if cut and complete:
+                complete, cut = complete[1:], False
             if complete:
                 self._from_thread(self.add_lines, generation, complete)
             moved = chunk["next_offset"] > offset
@@ -264,7 +272,7 @@ class JobScreen(Screen[None]):
             return
         self.lines = (self.lines + lines)[-LOG_LINES:]
         log = self.query_one(RichLog)
-        for line in lines:
+        for line in lines[-LOG_LINES:]:  # the pane would drop the rest at once
             if self.pattern.lower() in line.lower():
                 log.write(self.styled(line))
 
