@@ -19,7 +19,6 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy import Select
 from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import exists
@@ -27,6 +26,7 @@ from sqlalchemy import func
 from sqlalchemy import literal_column
 from sqlalchemy import or_
 from sqlalchemy import select
+from sqlalchemy import text
 from sqlalchemy import union_all
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -146,14 +146,32 @@ _CLAIMABLE = _DUE.order_by(DELIVERIES.c.id).limit(bindparam("limit"))
 _CLAIMABLE_LOCKED = _CLAIMABLE.with_for_update(of=DELIVERIES, skip_locked=True)
 
 
-def _followers(webhook_id: int, after: int, more: int) -> Select[tuple[int]]:
-    """The deliveries queued behind a subscription's head, in feed order: they go in its run."""
-    return (select(DELIVERIES.c.id)
-            .where(DELIVERIES.c.webhook_id == webhook_id, DELIVERIES.c.state == literal_column("'pending'"),
-                   DELIVERIES.c.event_id > after)
-            .order_by(DELIVERIES.c.event_id).limit(more))
+# The deliveries queued behind each head, in feed order, at most ``more`` per subscription:
+# one index range each. One constant statement on PostgreSQL (its plan is prepared once).
+_FOLLOWERS_PG = text("""
+SELECT queued.id FROM unnest(CAST(:webhooks AS integer[]), CAST(:afters AS bigint[])) AS head(webhook_id, event_id)
+CROSS JOIN LATERAL (
+    SELECT d.id FROM webhook_deliveries d
+    WHERE d.webhook_id = head.webhook_id AND d.state = 'pending' AND d.event_id > head.event_id
+    ORDER BY d.event_id LIMIT :more
+) AS queued
+""")
 
 
+def _followers_of(conn: Connection, heads: list[Any], more: int) -> list[int]:
+    """The ids of up to ``more`` deliveries queued behind each of ``heads``: they go in its run."""
+    if is_postgres(conn):
+        params = {"webhooks": [h.webhook_id for h in heads], "afters": [h.event_id for h in heads], "more": more}
+        return list(conn.execute(_FOLLOWERS_PG, params).scalars())
+    # SQLite (one process, a few subscriptions): the same ranges as one UNION ALL.
+    queues = [select(DELIVERIES.c.id).where(DELIVERIES.c.webhook_id == h.webhook_id, DELIVERIES.c.state == PENDING,
+                                             DELIVERIES.c.event_id > h.event_id)
+              .order_by(DELIVERIES.c.event_id).limit(more).subquery() for h in heads]
+    return list(conn.execute(union_all(*(select(queue.c.id) for queue in queues))).scalars())
+
+
+_LEASE = (update(DELIVERIES).where(DELIVERIES.c.id.in_(bindparam("ids", expanding=True)))
+          .values(claimed_until=bindparam("until", type_=DELIVERIES.c.claimed_until.type)))
 _CLAIMED = (select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts,
                    DELIVERIES.c.created_at, WEBHOOKS.c.url, WEBHOOKS.c.secret, WEBHOOKS.c.format)
             .join(WEBHOOKS, WEBHOOKS.c.id == DELIVERIES.c.webhook_id)
@@ -173,11 +191,9 @@ def claim(conn: Connection, now: dt.datetime, limit: int, run: int = RUN) -> lis
     if not heads:
         return []
     ids = [head.id for head in heads]
-    if followed := [_followers(h.webhook_id, h.event_id, run - 1).subquery() for h in heads
-                    if h.attempts == 0 and run > 1]:
-        # One statement, one index range of at most run - 1 rows per subscription.
-        ids += conn.execute(union_all(*(select(queue.c.id) for queue in followed))).scalars()
-    conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(ids)).values(claimed_until=now + LEASE))
+    if run > 1 and (untried := [h for h in heads if h.attempts == 0]):
+        ids += _followers_of(conn, untried, run - 1)
+    conn.execute(_LEASE, {"ids": ids, "until": now + LEASE})
     rows = conn.execute(_CLAIMED, {"ids": ids}).all()
     # Read here, in the claim's transaction, so a send needs no read of its own.
     found = streams.by_id(conn, [row.event_id for row in rows])
@@ -234,6 +250,13 @@ def _failed(conn: Connection, answer: Answer) -> str:
     return RETRIED
 
 
+_SENT = (update(DELIVERIES)
+         .where(DELIVERIES.c.id.in_(bindparam("ids", expanding=True)), DELIVERIES.c.state == PENDING)
+         .values(state=SENT, sent_at=bindparam("at", type_=DELIVERIES.c.sent_at.type),
+                 attempts=DELIVERIES.c.attempts + 1, last_status=bindparam("status"), last_error=None,
+                 claimed_until=None))
+
+
 def finish(conn: Connection, answers: list[Answer]) -> list[str]:
     """Record receivers' answers; each one's outcome (sent, retried or dead), in order.
 
@@ -250,10 +273,7 @@ def finish(conn: Connection, answers: list[Answer]) -> list[str]:
         conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(untried), DELIVERIES.c.state == PENDING)
                      .values(claimed_until=None))
     for status, group in sent.items():
-        conn.execute(update(DELIVERIES)
-                     .where(DELIVERIES.c.id.in_([a.claimed.id for a in group]), DELIVERIES.c.state == PENDING)
-                     .values(state=SENT, sent_at=max(a.at for a in group), attempts=DELIVERIES.c.attempts + 1,
-                             last_status=status, last_error=None, claimed_until=None))
+        conn.execute(_SENT, {"ids": [a.claimed.id for a in group], "at": max(a.at for a in group), "status": status})
     return [UNTRIED if not answer.tried else SENT if answer.status is not None and 200 <= answer.status < 300
             else _failed(conn, answer) for answer in answers]
 
