@@ -212,9 +212,8 @@ class Dispatcher:
         answers: list[deliveries.Answer] = []
         started = time.monotonic()
         for claimed in run:
-            failed = answers and (answers[-1].status is None or not 200 <= answers[-1].status < 300)
             # A slow receiver's run ends well inside its lease, or another sender would send it again.
-            if failed or time.monotonic() - started > RUN_BUDGET_S:
+            if (answers and not answers[-1].sent) or time.monotonic() - started > RUN_BUDGET_S:
                 answers.append(deliveries.Answer(claimed, None, None, dt.datetime.now(dt.UTC), tried=False))
                 continue
             try:

@@ -37,6 +37,11 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
+def job_path(job_id: str, rest: str = "") -> str:
+    """``/api/jobs/<job_id><rest>``, the id quoted whole (a Slurm array id may hold ``/`` or ``%``)."""
+    return f"/api/jobs/{urllib.parse.quote(job_id, safe='')}{rest}"
+
+
 def token_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     """The token the readers send: the read token, else the write token, else none."""
     return next((env[name] for name in TOKEN_ENVS if env.get(name)), None)

@@ -23,6 +23,7 @@ from collector.reader.api import ENDPOINT_ENV
 from collector.reader.api import Collector
 from collector.reader.api import ReaderError
 from collector.reader.api import endpoint_from_env
+from collector.reader.api import job_path
 from collector.reader.api import token_from_env
 
 T = TypeVar("T")
@@ -85,7 +86,7 @@ def jobs(collector: Collector, cluster: str | None, status: str | None, query: s
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (GET /api/jobs/JOB_ID) as it came.")
 def show(collector: Collector, job_id: str, cluster: str | None, as_json: bool) -> None:
     """One job: its facts, metadata and event timeline."""
-    job = collector.get(f"/api/jobs/{_quoted(job_id)}", {"cluster": cluster})
+    job = collector.get(job_path(job_id), {"cluster": cluster})
     if as_json:
         _echo_json(job)
     else:
@@ -101,7 +102,7 @@ def show(collector: Collector, job_id: str, cluster: str | None, as_json: bool) 
 @click.option("--from-start", is_flag=True, help="With -f, print the whole file first (default: its last 10 lines).")
 def logs(collector: Collector, job_id: str, file: str, cluster: str | None, follow: bool, from_start: bool) -> None:
     """Print a job's streamed log FILE (all of it; with -f its end, then what arrives)."""
-    path = f"/api/jobs/{_quoted(job_id)}/logs"
+    path = job_path(job_id, "/logs")
     offset = 0
     if follow and not from_start:
         files = collector.get(path, {"cluster": cluster})["files"]
@@ -114,7 +115,7 @@ def logs(collector: Collector, job_id: str, file: str, cluster: str | None, foll
         offset, final = _print_log(collector, path, file, cluster, offset)
         if not follow or final:
             return
-        job = collector.get(f"/api/jobs/{_quoted(job_id)}", {"cluster": cluster})
+        job = collector.get(job_path(job_id), {"cluster": cluster})
         if job["status"] in render.FINISHED:
             # The job ended: one last read for what it uploaded before it said so.
             _print_log(collector, path, file, cluster, offset)
@@ -251,9 +252,4 @@ def _newest(collector: Collector, filters: dict[str, str | None]) -> int:
         low, high = (middle, high) if any_after(middle) else (low, middle)
     return high
 
-
-def _quoted(job_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(job_id, safe="")
 

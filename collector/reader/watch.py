@@ -9,7 +9,6 @@ screen only ever waits for the terminal.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -37,6 +36,7 @@ from textual.widgets import Static
 from collector.reader import render
 from collector.reader.api import Collector
 from collector.reader.api import ReaderError
+from collector.reader.api import job_path
 from collector.reader.cli import follow_events
 
 PER_PAGE = 50
@@ -78,7 +78,17 @@ class Chips(Static):
         self.update(text if clusters else Text("no clusters yet", style="dim"))
 
 
-class JobsScreen(Screen[None]):
+class _WatchScreen(Screen[None]):
+    """A screen of the dashboard: it reaches the app's collector and its thread-safe calls."""
+
+    @property
+    def watch_app(self) -> WatchApp:
+        app = self.app
+        assert isinstance(app, WatchApp)
+        return app
+
+
+class JobsScreen(_WatchScreen):
     """Cluster chips, the jobs table (newest first, paged, searchable) and the status line."""
 
     BINDINGS: ClassVar = [
@@ -140,12 +150,6 @@ class JobsScreen(Screen[None]):
         job_id, cluster = json.loads(str(event.row_key.value))
         self.app.push_screen(JobScreen(job_id, cluster))
 
-    @property
-    def watch_app(self) -> WatchApp:
-        app = self.app
-        assert isinstance(app, WatchApp)
-        return app
-
     def show(self, listing: dict[str, Any], clusters: dict[str | None, dict[str, Any]]) -> None:
         """Put a page of jobs in the table, keeping the cursor on the same job when it is still there."""
         table = self.query_one(DataTable)
@@ -168,7 +172,7 @@ class JobsScreen(Screen[None]):
             table.move_cursor(row=table.get_row_index(selected))
 
 
-class JobScreen(Screen[None]):
+class JobScreen(_WatchScreen):
     """One job: its facts and timeline, and a log pane that tails one of its files."""
 
     BINDINGS: ClassVar = [
@@ -209,12 +213,12 @@ class JobScreen(Screen[None]):
     def load(self) -> None:
         collector = self.watch_app.collector
         try:
-            job = collector.get(f"/api/jobs/{_quoted(self.job_id)}", {"cluster": self.cluster})
-            files = collector.get(f"/api/jobs/{_quoted(self.job_id)}/logs", {"cluster": self.cluster})["files"]
+            job = collector.get(job_path(self.job_id), {"cluster": self.cluster})
+            files = collector.get(job_path(self.job_id, "/logs"), {"cluster": self.cluster})["files"]
         except ReaderError as exc:
-            self.app.call_from_thread(self.query_one("#detail", Static).update, f"cannot read the job: {exc}")
+            self.watch_app.from_thread(self.query_one("#detail", Static).update, f"cannot read the job: {exc}")
             return
-        self.app.call_from_thread(self.shown, job, {f["file"]: f["size"] for f in files})
+        self.watch_app.from_thread(self.shown, job, {f["file"]: f["size"] for f in files})
 
     def shown(self, job: dict[str, Any], files: dict[str, int]) -> None:
         self.query_one("#detail", Static).update(render.job_detail(job))
@@ -237,12 +241,12 @@ class JobScreen(Screen[None]):
         """
         collector, offset, partial = self.watch_app.collector, start, ""
         cut = start > 0
-        path = f"/api/jobs/{_quoted(self.job_id)}/logs"
+        path = job_path(self.job_id, "/logs")
         while generation == self._generation and self.is_attached:
             try:
                 chunk = collector.get(path, {"file": self.file, "offset": offset, "cluster": self.cluster})
             except ReaderError as exc:
-                self._from_thread(self.say_status, f"log: {exc}")
+                self.watch_app.from_thread(self.say_status, f"log: {exc}")
                 time.sleep(LOG_POLL_S)
                 continue
             text = partial + chunk["data"]
@@ -250,22 +254,18 @@ class JobScreen(Screen[None]):
             if cut and complete:
                 complete, cut = complete[1:], False
             if complete:
-                self._from_thread(self.add_lines, generation, complete)
+                self.watch_app.from_thread(self.add_lines, generation, complete)
             moved = chunk["next_offset"] > offset
             offset = chunk["next_offset"]
             if chunk.get("final") and offset >= chunk["size"]:
                 if partial:
-                    self._from_thread(self.add_lines, generation, [partial])
-                self._from_thread(self.say_status, "log: final")
+                    self.watch_app.from_thread(self.add_lines, generation, [partial])
+                self.watch_app.from_thread(self.say_status, "log: final")
                 return
             if not moved or offset >= chunk["size"]:
                 while not self.following and generation == self._generation and self.is_attached:
                     time.sleep(0.2)
                 time.sleep(LOG_POLL_S)
-
-    def _from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the app has ended
-            self.app.call_from_thread(fn, *args)
 
     def add_lines(self, generation: int, lines: list[str]) -> None:
         if generation != self._generation:
@@ -325,12 +325,6 @@ class JobScreen(Screen[None]):
         event.input.display = False
         self.redraw()
 
-    @property
-    def watch_app(self) -> WatchApp:
-        app = self.app
-        assert isinstance(app, WatchApp)
-        return app
-
 
 class WatchApp(App[None]):
     """The dashboard: a collector, the filters given on the command line, and what it has read."""
@@ -381,9 +375,9 @@ class WatchApp(App[None]):
             listing = self._page()
             clusters = {c["cluster"]: c for c in self.collector.get("/api/clusters")["clusters"]}
         except ReaderError as exc:
-            self._from_thread(self.say, f"cannot read the jobs: {exc}")
+            self.from_thread(self.say, f"cannot read the jobs: {exc}")
             return
-        self._from_thread(self._shown, listing, clusters)
+        self.from_thread(self._shown, listing, clusters)
 
     def _page(self) -> dict[str, Any]:
         """The current page: one read with at most one cluster and status, else the lists merged."""
@@ -425,7 +419,7 @@ class WatchApp(App[None]):
     def _follow_events(self) -> None:
         # The stream filters on one cluster; with several, every event may touch the page.
         filters = {"cluster": self.only_clusters[0] if len(self.only_clusters) == 1 else None}
-        self._from_thread(self._set_live, "live")
+        self.from_thread(self._set_live, "live")
         for _event in follow_events(self.collector, None, filters, say=self._said, stopped=self._stopping.is_set):
             self._dirty.set()
 
@@ -437,7 +431,7 @@ class WatchApp(App[None]):
                         return
                     if frame.event == "cluster-status":
                         entry = json.loads(frame.data)
-                        self._from_thread(self._cluster_changed, entry)
+                        self.from_thread(self._cluster_changed, entry)
             except ReaderError:
                 pass  # the collector is away: the event follower says so; the chips catch up on return
             time.sleep(1.0)
@@ -449,13 +443,14 @@ class WatchApp(App[None]):
             screen.query_one(Chips).show(self.clusters)
 
     def _said(self, line: str) -> None:
-        self._from_thread(self._set_live, "polling" if "polling" in line else "live", line)
+        self.from_thread(self._set_live, "polling" if "polling" in line else "live", line)
 
     def _set_live(self, state: str, why: str = "") -> None:
         self.live = state if not why else f"{state}: {why}"
         self.say()
 
-    def _from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+    def from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the app's thread, from a reading thread; nothing once the app has ended."""
         if self._stopping.is_set():
             return
         try:
@@ -496,8 +491,3 @@ class WatchApp(App[None]):
     def _jobs_screen(self) -> JobsScreen | None:
         return next((s for s in self.screen_stack if isinstance(s, JobsScreen)), None)
 
-
-def _quoted(job_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(job_id, safe="")

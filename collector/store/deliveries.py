@@ -90,6 +90,11 @@ class Answer:
     at: dt.datetime
     tried: bool = True  # False: its run stopped before it (an earlier one failed); it is released
 
+    @property
+    def sent(self) -> bool:
+        """Whether the receiver took it (a 2xx)."""
+        return self.tried and self.status is not None and 200 <= self.status < 300
+
 
 def fan_out(conn: Connection, now: dt.datetime) -> int:
     """Make the deliveries of the feed's next events for the subscriptions they match; how many were made.
@@ -265,17 +270,15 @@ def finish(conn: Connection, answers: list[Answer]) -> list[str]:
     disables the subscription; anything else retries later (``_failed``). One never tried
     goes back to the queue at once, for the next claim.
     """
-    sent: dict[int, list[Answer]] = {}
+    sent: dict[int | None, list[Answer]] = {}
     for answer in answers:
-        if answer.tried and answer.status is not None and 200 <= answer.status < 300:
+        if answer.sent:
             sent.setdefault(answer.status, []).append(answer)
     if untried := [answer.claimed.id for answer in answers if not answer.tried]:
-        conn.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(untried), DELIVERIES.c.state == PENDING)
-                     .values(claimed_until=None))
+        conn.execute(_LEASE, {"ids": untried, "until": None})  # released: the lease ends now
     for status, group in sent.items():
         conn.execute(_SENT, {"ids": [a.claimed.id for a in group], "at": max(a.at for a in group), "status": status})
-    return [UNTRIED if not answer.tried else SENT if answer.status is not None and 200 <= answer.status < 300
-            else _failed(conn, answer) for answer in answers]
+    return [UNTRIED if not answer.tried else SENT if answer.sent else _failed(conn, answer) for answer in answers]
 
 
 def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:
