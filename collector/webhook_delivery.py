@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
@@ -29,7 +30,6 @@ from urllib.parse import urlencode
 
 import urllib3
 from flask import Flask
-from sqlalchemy import Connection
 
 from collector import fanout
 from collector import metrics
@@ -190,12 +190,8 @@ class Dispatcher:
             if not new_events and not (due and free > 0):
                 return False, []
 
-        def write(conn: Connection) -> tuple[list[str], int, list[list[Claimed]]]:
-            outcomes = deliveries.finish(conn, answers)
-            made = deliveries.fan_out(conn, now) if fan else 0
-            return outcomes, made, deliveries.claim(conn, now, free) if free > 0 else []
-
-        outcomes, made, claimed = self.database.run(write, write=True)
+        outcomes, made, claimed = self.database.run(
+            functools.partial(deliveries.turn, answers=answers, now=now, fan=fan, free=free), write=True)
         for answer, outcome in zip(answers, outcomes, strict=True):
             if outcome == deliveries.UNTRIED:
                 continue

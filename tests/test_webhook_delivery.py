@@ -7,12 +7,14 @@ import functools
 import hashlib
 import hmac
 import json
+import threading
 import time
 import uuid
 
 import pytest
 from sqlalchemy import insert
 from sqlalchemy import select
+from sqlalchemy import text
 
 from collector.contract import JobCreatePayload
 from collector.contract import JobStatus
@@ -315,3 +317,49 @@ def test_a_subscription_s_queue_goes_in_runs_and_a_failure_sends_the_rest_back_u
         assert claim(later) == [events[2:]]
     finally:
         store.dispose()
+
+
+
+
+def test_a_claim_that_began_before_a_delivery_was_sent_does_not_take_it(postgres):
+    # PostgreSQL, where claims run in several processes at once. A claim reads the queues
+    # from its snapshot and then locks the heads it picked; a head another sender leased,
+    # sent and recorded in between is newer than that snapshot when locked. The claim must
+    # look at the row it locked, not the one it read: before, such a head went out twice.
+    # 100,000 subscriptions with one delivery each keep the claim reading long enough
+    # (about 0.1 s) for the other sender to act meanwhile.
+    postgres.clean()
+    store = Database(Settings(database_url=postgres.url))
+    now = dt.datetime.now(dt.UTC)
+    try:
+        payload = JobCreatePayload(job_id="late", job_name="late", submitted_at=now, cluster="b200")
+        store.run(functools.partial(job_store.submit, payload=payload), write=True)
+        with postgres.engine.begin() as conn:
+            conn.execute(text("INSERT INTO webhooks (url, statuses, clusters, format, enabled, start_after, "
+                              "created_at) SELECT 'http://127.0.0.1:9/x', '[]', '[]', 'json', true, 0, now() "
+                              "FROM generate_series(1, 100000)"))
+            conn.execute(text("INSERT INTO webhook_deliveries (webhook_id, event_id, state, attempts, created_at, "
+                              "next_attempt_at) SELECT w.id, e.id, 'pending', 0, :now, :now "
+                              "FROM webhooks w CROSS JOIN job_events e ORDER BY w.id"), {"now": now})
+            head = conn.execute(text("SELECT min(id) FROM webhook_deliveries")).scalar()
+            conn.execute(text("ANALYZE webhooks; ANALYZE webhook_deliveries"))
+        claimed: list[list[deliveries.Claimed]] = []
+        late = threading.Thread(target=lambda: claimed.extend(
+            store.run(lambda conn: deliveries.claim(conn, now, 1), write=True)))
+        late.start()
+        wait_for(lambda: postgres.scalar("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                                         "AND query LIKE '%EXECUTE collector_delivery_claim%'") or None, 10,
+                 "the claim to start")
+        # Another sender's whole life of that head: leased, sent, recorded.
+        with postgres.engine.begin() as sender:
+            sender.execute(text("UPDATE webhook_deliveries SET claimed_until = :until WHERE id = :id"),
+                           {"until": now + deliveries.LEASE, "id": head})
+        with postgres.engine.begin() as sender:
+            sender.execute(text("UPDATE webhook_deliveries SET state = 'sent', attempts = 1, last_status = 204, "
+                                "sent_at = :now, claimed_until = NULL WHERE id = :id"), {"now": now, "id": head})
+        assert late.is_alive(), "the claim ended before the other sender recorded its head: the test proves nothing"
+        late.join(30)
+    finally:
+        store.dispose()
+    assert [[c.id for c in run] for run in claimed] == [[head + 1]]
+    assert postgres.row("SELECT state, claimed_until FROM webhook_deliveries WHERE id = :i", i=head) == ("sent", None)

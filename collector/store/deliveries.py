@@ -26,22 +26,23 @@ from sqlalchemy import func
 from sqlalchemy import literal_column
 from sqlalchemy import or_
 from sqlalchemy import select
-from sqlalchemy import text
 from sqlalchemy import union_all
 from sqlalchemy import update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from collector.contract import StreamEvent
 from collector.models import JobEvent
 from collector.models import WebhookCursor
 from collector.models import WebhookDelivery
+from collector.store import deliveries_pg
 from collector.store import event_ids
 from collector.store import streams
 from collector.store.core import table
 from collector.store.identity import JOBS
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
+from collector.store.pg_driver import Query
+from collector.store.pg_driver import execute_all
 from collector.store.webhooks import WEBHOOKS
 from collector.webhook_contract import JobDelivery
 
@@ -102,15 +103,15 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
     One process at a time: on PostgreSQL the cursor row's lock is skipped by the others
     (they make none this time); on SQLite the write transaction already admits one.
     """
-    cursor = select(CURSOR.c.position).where(CURSOR.c.id == 1)
-    position = conn.execute(cursor.with_for_update(skip_locked=True) if is_postgres(conn) else cursor).scalar()
+    if is_postgres(conn):
+        query = _fan_out_query(now)
+        execute_all(conn, [query], commit=False)
+        return _made(query)
+    position = conn.execute(select(CURSOR.c.position).where(CURSOR.c.id == 1)).scalar()
     if position is None:
         return 0
-    query = (select(EVENTS.c.id, EVENTS.c.status, JOBS.c.cluster).join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
-             .where(EVENTS.c.id > position))
-    if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
-        query = query.where(settled)
-    events = conn.execute(query.order_by(EVENTS.c.id).limit(FAN_OUT_BATCH)).all()
+    events = conn.execute(select(EVENTS.c.id, EVENTS.c.status, JOBS.c.cluster).join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
+                          .where(EVENTS.c.id > position).order_by(EVENTS.c.id).limit(FAN_OUT_BATCH)).all()
     if not events:
         return 0
     hooks = conn.execute(select(WEBHOOKS.c.id, WEBHOOKS.c.statuses, WEBHOOKS.c.clusters, WEBHOOKS.c.start_after)
@@ -128,53 +129,35 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
         for event in events for hook in kinds[event.status, event.cluster] if event.id > hook.start_after
     ]
     if rows:
-        insert = (pg_insert if is_postgres(conn) else sqlite_insert)(DELIVERIES)
-        conn.execute(insert.on_conflict_do_nothing(index_elements=["webhook_id", "event_id"]), rows)
+        conn.execute(sqlite_insert(DELIVERIES).on_conflict_do_nothing(index_elements=["webhook_id", "event_id"]), rows)
     conn.execute(update(CURSOR).where(CURSOR.c.id == 1).values(position=events[-1].id))
     return len(rows)
 
 
+def _fan_out_query(now: dt.datetime) -> Query:
+    return Query(deliveries_pg.FAN_OUT, {"now": now, "batch": FAN_OUT_BATCH})
+
+
+def _made(query: Query) -> int:
+    return int(query.rows[0]["made"]) if query.rows else 0
+
+
 # A subscription's oldest pending delivery: the only one that may go (receivers hear in feed
 # order). One probe of the partial index on pending rows per subscription, however many wait
-# behind a receiver that is down; the state is a literal so PostgreSQL matches that index.
+# behind a receiver that is down; the state is a literal so the index matches. SQLite's
+# claim; PostgreSQL's is deliveries_pg.CLAIM, the same in one statement.
 _QUEUED = DELIVERIES.alias("queued")
 _OLDEST = (select(_QUEUED.c.id).where(_QUEUED.c.webhook_id == WEBHOOKS.c.id,
                                       _QUEUED.c.state == literal_column("'pending'"))
            .order_by(_QUEUED.c.event_id).limit(1).correlate(WEBHOOKS).scalar_subquery())
 _NOW = bindparam("now", type_=DELIVERIES.c.next_attempt_at.type)
-# Its time has come and no sender holds it.
-_DUE_CONDITION = (DELIVERIES.c.next_attempt_at <= _NOW,
+# Still to go, its time has come and no sender holds it (checked on the row itself too: see
+# deliveries_pg.CLAIM).
+_DUE_CONDITION = (DELIVERIES.c.state == PENDING, DELIVERIES.c.next_attempt_at <= _NOW,
                   or_(DELIVERIES.c.claimed_until.is_(None), DELIVERIES.c.claimed_until <= _NOW))
 _DUE = (select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts)
         .select_from(WEBHOOKS).join(DELIVERIES, DELIVERIES.c.id == _OLDEST).where(*_DUE_CONDITION))
 _CLAIMABLE = _DUE.order_by(DELIVERIES.c.id).limit(bindparam("limit"))
-_CLAIMABLE_LOCKED = _CLAIMABLE.with_for_update(of=DELIVERIES, skip_locked=True)
-
-
-# The deliveries queued behind each head, in feed order, at most ``more`` per subscription:
-# one index range each. One constant statement on PostgreSQL (its plan is prepared once).
-_FOLLOWERS_PG = text("""
-SELECT queued.id FROM unnest(CAST(:webhooks AS integer[]), CAST(:afters AS bigint[])) AS head(webhook_id, event_id)
-CROSS JOIN LATERAL (
-    SELECT d.id FROM webhook_deliveries d
-    WHERE d.webhook_id = head.webhook_id AND d.state = 'pending' AND d.event_id > head.event_id
-    ORDER BY d.event_id LIMIT :more
-) AS queued
-""")
-
-
-def _followers_of(conn: Connection, heads: list[Any], more: int) -> list[int]:
-    """The ids of up to ``more`` deliveries queued behind each of ``heads``: they go in its run."""
-    if is_postgres(conn):
-        params = {"webhooks": [h.webhook_id for h in heads], "afters": [h.event_id for h in heads], "more": more}
-        return list(conn.execute(_FOLLOWERS_PG, params).scalars())
-    # SQLite (one process, a few subscriptions): the same ranges as one UNION ALL.
-    queues = [select(DELIVERIES.c.id).where(DELIVERIES.c.webhook_id == h.webhook_id, DELIVERIES.c.state == PENDING,
-                                             DELIVERIES.c.event_id > h.event_id)
-              .order_by(DELIVERIES.c.event_id).limit(more).subquery() for h in heads]
-    return list(conn.execute(union_all(*(select(queue.c.id) for queue in queues))).scalars())
-
-
 _LEASE = (update(DELIVERIES).where(DELIVERIES.c.id.in_(bindparam("ids", expanding=True)))
           .values(claimed_until=bindparam("until", type_=DELIVERIES.c.claimed_until.type)))
 _CLAIMED = (select(DELIVERIES.c.id, DELIVERIES.c.webhook_id, DELIVERIES.c.event_id, DELIVERIES.c.attempts,
@@ -191,13 +174,20 @@ def claim(conn: Connection, now: dt.datetime, limit: int, run: int = RUN) -> lis
     receiver is not known to fail), up to ``run`` - 1 more queued behind it, in feed order:
     one sender sends them one after another. No other sender gets them meanwhile.
     """
-    due = _CLAIMABLE_LOCKED if is_postgres(conn) else _CLAIMABLE
-    heads = conn.execute(due, {"now": now, "limit": limit}).all()
+    if is_postgres(conn):
+        query = _claim_query(now, limit, run)
+        execute_all(conn, [query], commit=False)
+        return _runs(conn, query)
+    heads = conn.execute(_CLAIMABLE, {"now": now, "limit": limit}).all()
     if not heads:
         return []
     ids = [head.id for head in heads]
     if run > 1 and (untried := [h for h in heads if h.attempts == 0]):
-        ids += _followers_of(conn, untried, run - 1)
+        # The same index range per head as one UNION ALL (one process, a few subscriptions).
+        queues = [select(DELIVERIES.c.id).where(DELIVERIES.c.webhook_id == h.webhook_id,
+                                                 DELIVERIES.c.state == PENDING, DELIVERIES.c.event_id > h.event_id)
+                  .order_by(DELIVERIES.c.event_id).limit(run - 1).subquery() for h in untried]
+        ids += conn.execute(union_all(*(select(queue.c.id) for queue in queues))).scalars()
     conn.execute(_LEASE, {"ids": ids, "until": now + LEASE})
     rows = conn.execute(_CLAIMED, {"ids": ids}).all()
     # Read here, in the claim's transaction, so a send needs no read of its own.
@@ -209,6 +199,30 @@ def claim(conn: Connection, now: dt.datetime, limit: int, run: int = RUN) -> lis
     for row in rows:
         if row.event_id in found:
             runs.setdefault(row.webhook_id, []).append(Claimed(*row, event=found[row.event_id]))
+    return list(runs.values())
+
+
+def _claim_query(now: dt.datetime, limit: int, run: int = RUN) -> Query:
+    return Query(deliveries_pg.CLAIM, {"now": now, "limit": limit, "more": run - 1, "until": now + LEASE})
+
+
+def _runs(conn: Connection, query: Query) -> list[list[Claimed]]:
+    """The runs deliveries_pg.CLAIM returned, by subscription; deletes the deliveries whose event is gone."""
+    runs: dict[int, list[Claimed]] = {}
+    gone = []
+    for row in query.rows or []:
+        if row["id"] is None:
+            # Only when events were deleted without the foreign keys' cascade: nothing to send.
+            gone.append(row["delivery_id"])
+            continue
+        for name, value in row.items():
+            if isinstance(value, dt.datetime):
+                row[name] = value.astimezone(dt.UTC)  # as SQLAlchemy's UTCDateTime gives them
+        runs.setdefault(row["webhook_id"], []).append(Claimed(
+            row["delivery_id"], row["webhook_id"], row["event_id"], row["attempts"], row["delivery_created_at"],
+            row["url"], row["secret"], row["format"], event=streams.event_of(row)))
+    if gone:
+        conn.execute(delete(DELIVERIES).where(DELIVERIES.c.id.in_(gone)))
     return list(runs.values())
 
 
@@ -270,15 +284,60 @@ def finish(conn: Connection, answers: list[Answer]) -> list[str]:
     disables the subscription; anything else retries later (``_failed``). One never tried
     goes back to the queue at once, for the next claim.
     """
+    if is_postgres(conn):
+        if queries := _recorded(answers):
+            execute_all(conn, queries, commit=False)
+    else:
+        for status, ids, at in _sent_groups(answers):
+            conn.execute(_SENT, {"ids": ids, "at": at, "status": status})
+        if untried := _untried(answers):
+            conn.execute(_LEASE, {"ids": untried, "until": None})  # released: the lease ends now
+    return [UNTRIED if not answer.tried else SENT if answer.sent else _failed(conn, answer) for answer in answers]
+
+
+def _sent_groups(answers: list[Answer]) -> list[tuple[int | None, list[int], dt.datetime]]:
+    """The 2xx answers by status code: (status, delivery ids, the latest answer's time)."""
     sent: dict[int | None, list[Answer]] = {}
     for answer in answers:
         if answer.sent:
             sent.setdefault(answer.status, []).append(answer)
-    if untried := [answer.claimed.id for answer in answers if not answer.tried]:
-        conn.execute(_LEASE, {"ids": untried, "until": None})  # released: the lease ends now
-    for status, group in sent.items():
-        conn.execute(_SENT, {"ids": [a.claimed.id for a in group], "at": max(a.at for a in group), "status": status})
-    return [UNTRIED if not answer.tried else SENT if answer.sent else _failed(conn, answer) for answer in answers]
+    return [(status, [a.claimed.id for a in group], max(a.at for a in group)) for status, group in sent.items()]
+
+
+def _untried(answers: list[Answer]) -> list[int]:
+    return [answer.claimed.id for answer in answers if not answer.tried]
+
+
+def _recorded(answers: list[Answer]) -> list[Query]:
+    """PostgreSQL's statements recording the 2xx and untried ``answers`` (failures are ``_failed``'s)."""
+    queries = [Query(deliveries_pg.SENT, {"ids": deliveries_pg.id_array(ids), "at": at, "status": status})
+               for status, ids, at in _sent_groups(answers)]
+    if untried := _untried(answers):
+        queries.append(Query(deliveries_pg.RELEASE, {"ids": deliveries_pg.id_array(untried)}))
+    return queries
+
+
+def turn(conn: Connection, answers: list[Answer], now: dt.datetime, *, fan: bool, free: int
+         ) -> tuple[list[str], int, list[list[Claimed]]]:
+    """The delivery loop's transaction: ``finish`` the answers, ``fan_out`` (if ``fan``), ``claim`` for ``free``.
+
+    The answers' outcomes, how many deliveries the fan-out made, and the runs claimed. On
+    PostgreSQL one round trip, COMMIT included, unless an answer failed: its record (a 410
+    kills its subscription's pending deliveries) must follow the sent ones before it.
+    """
+    if not is_postgres(conn):
+        return finish(conn, answers), fan_out(conn, now) if fan else 0, claim(conn, now, free) if free > 0 else []
+    if all(answer.sent or not answer.tried for answer in answers):
+        queries = _recorded(answers)
+        outcomes = [SENT if answer.sent else UNTRIED for answer in answers]
+    else:
+        queries, outcomes = [], finish(conn, answers)
+    fanning = _fan_out_query(now) if fan else None
+    claiming = _claim_query(now, free) if free > 0 else None
+    queries += [query for query in (fanning, claiming) if query is not None]
+    if queries:
+        execute_all(conn, queries, commit=True)
+    return outcomes, _made(fanning) if fanning else 0, _runs(conn, claiming) if claiming else []
 
 
 def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:

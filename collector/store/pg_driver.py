@@ -208,6 +208,11 @@ def execute_and_commit(conn: Connection, statement: Statement, params: dict[str,
     return _run(conn, [Query(statement, params)], commit=True)[0]
 
 
+def execute_all(conn: Connection, queries: list[Query], *, commit: bool) -> list[list[dict[str, Any]]]:
+    """Run ``queries`` in order in one round trip (with COMMIT after them if ``commit``); their rows."""
+    return _run(conn, queries, commit)
+
+
 def locked_job_rows(conn: Connection, namespace: int, job_id: str,
                     prefetch: Query | None = None) -> list[dict[str, Any]]:
     """Open the transaction, take the job id's lock and read its rows, in one round trip.

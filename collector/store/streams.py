@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from sqlalchemy import Connection
-from sqlalchemy import RowMapping
 from sqlalchemy import func
 from sqlalchemy import select
 
@@ -33,7 +35,7 @@ _NEWEST = select(func.coalesce(func.max(EVENTS.c.id), 0))
 def by_id(conn: Connection, event_ids: list[int]) -> dict[int, StreamEvent]:
     """These events, each with its job as it is now; an id that is gone (its job deleted) is left out."""
     rows = conn.execute(_SELECT.where(EVENTS.c.id.in_(event_ids))).mappings()
-    return {row["id"]: _event(row) for row in rows}
+    return {row["id"]: event_of(row) for row in rows}
 
 
 def newest_id(conn: Connection) -> int:
@@ -66,10 +68,11 @@ def page(
     if status is not None:
         query = query.where(EVENTS.c.status == status)
     rows = conn.execute(query.order_by(EVENTS.c.id).limit(limit)).mappings()
-    return [(row["job_pk"], _event(row)) for row in rows]
+    return [(row["job_pk"], event_of(row)) for row in rows]
 
 
-def _event(row: RowMapping) -> StreamEvent:
+def event_of(row: Mapping[Any, Any]) -> StreamEvent:
+    """The event of a row of ``_SELECT``'s columns (the claim of a webhook delivery reads the same)."""
     cluster = wire_cluster(row["cluster"])
     return StreamEvent(
         id=row["id"],
