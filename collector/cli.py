@@ -62,7 +62,7 @@ class LazyGroup(click.Group):
 
 # What `pip install "collector[server]"` adds to the client side (pyproject.toml).
 SERVER_PACKAGES = frozenset({"flask", "werkzeug", "sqlalchemy", "psycopg", "alembic", "pydantic", "pydantic_core",
-                             "gunicorn", "prometheus_client", "urllib3"})
+                             "gunicorn", "prometheus_client"})
 LAZY = {
     "token": "collector.token_cli:token_group",
     "webhook": "collector.webhook_cli:webhook_group",

@@ -23,16 +23,15 @@ import math
 import queue
 import threading
 import time
-import urllib.parse
 import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
-import urllib3
 from flask import Flask
 
 from collector import fanout
 from collector import metrics
+from collector import webhook_http
 from collector.contract import StreamEvent
 from collector.db import Database
 from collector.per_process import PerProcess
@@ -43,10 +42,7 @@ from collector.store.deliveries import Claimed
 
 log = logging.getLogger("collector.webhooks")
 SENDERS = 8  # per process: receivers answering at once
-# 5 s to connect; no answer (or a pause in one) of 10 s is a failed attempt.
-TIMEOUT = urllib3.Timeout(connect=5.0, read=10.0)
 USER_AGENT = "collector-webhooks/1"
-ERROR_BYTES = 500
 LINGER_S = 0.02  # after a sender answers, how long the others get to answer in the same turn
 RUN_BUDGET_S = 10.0  # no delivery of a run starts later than this after its first (the lease is 30 s)
 
@@ -118,8 +114,7 @@ class Dispatcher:
         self._thread = PerProcess("collector-webhooks", self._run)
         # Read once, as every setting: the receivers a proxy must reach, the way requests does.
         self._proxies = urllib.request.getproxies_environment()
-        self._managers: dict[str | None, urllib3.PoolManager] = {}
-        self._managers_lock = threading.Lock()
+        self._receivers = webhook_http.Receivers(self._proxies)
 
     def ensure_running(self) -> None:
         """Start the delivery thread in this process if it is not running (cheap; every request calls it)."""
@@ -127,7 +122,8 @@ class Dispatcher:
 
     def _run(self) -> None:
         # A forked child inherits the parent's state, not its senders or its connections.
-        self._answers, self._in_flight, self._managers = queue.SimpleQueue(), 0, {}
+        self._answers, self._in_flight = queue.SimpleQueue(), 0
+        self._receivers = webhook_http.Receivers(self._proxies)
         pool = concurrent.futures.ThreadPoolExecutor(SENDERS, thread_name_prefix="collector-webhook")
         unsaved: list[deliveries.Answer] = []
         fanned_out = -math.inf
@@ -158,6 +154,7 @@ class Dispatcher:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self._record_before_leaving(unsaved + self._drain())
+            self._receivers.close()
 
     def _record_before_leaving(self, answers: list[deliveries.Answer]) -> None:
         # A clean shutdown writes down what receivers already answered, or a restart sends it again.
@@ -225,38 +222,7 @@ class Dispatcher:
         """POST one delivery: the receiver's status (None: no answer) and, unless 2xx, why it failed."""
         event = claimed.event
         payload = body(claimed, event, self.settings.public_url)
-        try:
-            # No redirects: a subscription names the URL the collector calls, nothing else.
-            response = self._manager(claimed.url).request(
-                "POST", claimed.url, body=payload, headers=headers(claimed, event, payload), redirect=False,
-                retries=False, timeout=TIMEOUT, preload_content=False)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-        try:
-            # The start of a refusal says why; a receiver's whole page is never read.
-            start = response.read(ERROR_BYTES, decode_content=True)
-            reusable = not response.read(1)
-        except (urllib3.exceptions.HTTPError, OSError):
-            start, reusable = b"", False
-        if reusable:
-            response.release_conn()  # kept alive for the receiver's next delivery
-        else:
-            response.close()
-        status = response.status
-        return status, None if 200 <= status < 300 else start.decode(errors="replace")
-
-    def _manager(self, url: str) -> urllib3.PoolManager:
-        parts = urllib.parse.urlsplit(url)
-        proxy = None
-        bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # not in typeshed
-        if not bypass(parts.hostname or "", self._proxies):
-            proxy = self._proxies.get(parts.scheme)
-        with self._managers_lock:
-            if (manager := self._managers.get(proxy)) is None:
-                options: dict[str, Any] = {"num_pools": 64, "maxsize": SENDERS}
-                manager = urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
-                self._managers[proxy] = manager
-        return manager
+        return self._receivers.post(claimed.url, payload, headers(claimed, event, payload))
 
 
 def init_app(app: Flask, database: Database, settings: Settings) -> None:

@@ -196,7 +196,7 @@ def test_an_unreachable_receiver_is_retried_and_says_why(api, database):
                    if database.scalar("SELECT count(*) FROM webhook_deliveries WHERE attempts > 0") else None, 5,
                    "a failed attempt")
     assert row[:3] == ("pending", 1, None)
-    assert row[3].startswith("NewConnectionError: ") and "Connection refused" in row[3]
+    assert row[3].startswith("ConnectionRefusedError: ") and "Connection refused" in row[3]
 
 
 def test_a_subscription_hears_nothing_of_what_came_before_it_and_removing_it_drops_its_deliveries(
