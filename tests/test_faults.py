@@ -818,3 +818,45 @@ def test_deliveries_pending_at_a_kill_9_of_the_whole_server_go_after_the_restart
            f"delivered {caught_up:.1f} s after the restart; {load.summary()}")
     assert accepted == expected  # each taken once, in feed order
     assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE state = 'sent'") == 6
+
+
+# --- 11. webhook deliveries across terminated backends ---------------------------------------------
+
+
+def test_webhook_deliveries_survive_their_database_connections_being_terminated(postgres, recorder):
+    # Every connection of the workers, the delivery loops' included, is terminated again
+    # and again while events are made and delivered: a turn whose connection dies keeps the
+    # answers it had not written down and writes them at its next turn, and a claim whose
+    # result never came back is sent once its lease ends. Nothing is lost, nothing repeated.
+    postgres.clean()
+    receiver = recorder(script=lambda request, recorder: (204, {}, b""))
+    server = gunicorn(postgres.url, workers=2, COLLECTOR_WEBHOOK_POLL_INTERVAL="0.1")
+    try:
+        every_status = ["submitted", "starting", "workers", "frontend", "benchmark", "completed", "failed", "timeout"]
+        assert requests.post(f"{server.url}/api/webhooks", json={"url": receiver.url, "statuses": every_status},
+                             timeout=10).status_code == 201
+        load = Load(server.url, prefix="hook-term-", threads=4).start()
+        terminated = []
+        for _ in range(8):
+            time.sleep(0.6)
+            with postgres.engine.connect() as conn:
+                terminated.append(conn.execute(text(TERMINATE)).scalar())
+        time.sleep(0.5)
+        load.stop()
+        report = verify(postgres.engine, load.writes, url=server.url)
+        expected = events_of(postgres, "hook-term-")
+        started = time.monotonic()
+        # A claim lost with its connection waits out its lease (30 s) before it is sent.
+        wait_for(lambda: set(delivered(receiver)) >= set(expected), 120, "every delivery after the terminations")
+        caught_up = time.monotonic() - started
+        wait_for(lambda: postgres.scalar("SELECT count(*) FROM webhook_deliveries WHERE state = 'sent'")
+                 == len(expected), 10, "every delivery recorded as sent")
+    finally:
+        server.stop()
+    arrivals = delivered(receiver)
+    figure(f"webhooks, backends terminated: {sum(terminated)} backends in 8 rounds {terminated}, {len(expected)} "
+           f"events delivered, {len(arrivals) - len(set(arrivals))} sent twice, caught up {caught_up:.1f} s after "
+           f"the load; {load.summary()}")
+    assert min(terminated) >= 1
+    assert_stored(report, load)
+    assert arrivals == expected  # each exactly once, in feed order
