@@ -363,3 +363,33 @@ def test_a_claim_that_began_before_a_delivery_was_sent_does_not_take_it(postgres
         store.dispose()
     assert [[c.id for c in run] for run in claimed] == [[head + 1]]
     assert postgres.row("SELECT state, claimed_until FROM webhook_deliveries WHERE id = :i", i=head) == ("sent", None)
+
+
+def test_a_delivery_whose_event_is_gone_is_dropped_by_the_claim_not_sent(database):
+    # Events are deleted with their deliveries (the foreign key cascades). Were one deleted
+    # without it (foreign keys off: a restore, a hand-run DELETE), its delivery has nothing
+    # to send: the claim drops it and takes the next one.
+    database.clean()
+    store = Database(Settings(database_url=database.url))
+    now = dt.datetime.now(dt.UTC)
+    try:
+        payload = JobCreatePayload(job_id="gone", job_name="gone", submitted_at=now, cluster="b200")
+        store.run(functools.partial(job_store.submit, payload=payload), write=True)
+        step = JobUpdatePayload(status=JobStatus.STARTING, updated_at=now)
+        assert store.run(functools.partial(job_store.update, job_id="gone", payload=step, cluster="b200"), write=True)
+        first, second = store.run(lambda conn: list(conn.execute(select(deliveries.EVENTS.c.id)
+                                                                 .order_by(deliveries.EVENTS.c.id)).scalars()))
+        hook = store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
+                         write=True).id
+        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
+            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 0, "created_at": now,
+             "next_attempt_at": now} for event in (first, second)]), write=True)
+        with database.engine.begin() as conn:
+            if database.is_postgres:
+                conn.execute(text("SET LOCAL session_replication_role = replica"))  # no foreign key triggers
+            conn.execute(text("DELETE FROM job_events WHERE id = :i"), {"i": first})
+        runs = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
+    finally:
+        store.dispose()
+    assert [[(c.event_id, c.event.status) for c in run] for run in runs] == [[(second, "starting")]]
+    assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE event_id = :e", e=first) == 0
