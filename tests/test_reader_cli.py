@@ -190,6 +190,24 @@ def test_events_follow_prints_new_events_live_and_resumes_from_where_it_was(api)
     assert [(e["job_id"], e["status"], e["message"]) for e in seen[1:]] == [("202", "workers", "live")]
 
 
+
+def test_events_into_a_pipe_whose_reader_stopped_ends_quietly(api):
+    # `collector events -f | head -1`: head exits after its line, and the next event the
+    # follower writes meets a closed pipe. It ends there, exit 1, with nothing on stderr.
+    seed(api)
+    env = child_env(COLLECTOR_ENDPOINT=api.url, SRTCTL_STATUS_READ_TOKEN=api.settings.read_token)
+    with subprocess.Popen(collector_command("events", "-f", "--after", "0"), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as follower:
+        assert follower.stdout is not None and follower.stderr is not None
+        assert follower.stdout.readline().split(b"\t")[2] == b"b200/101"
+        follower.stdout.close()
+        for n in range(3):  # more than the pipe holds before it is known closed: any write fails
+            assert put(api, "202", "workers", message=f"after the reader left {n}", updated_at="2026-12-03T09:10:00Z",
+                       metadata={"cluster": "h100"}).status_code == 200
+        assert follower.wait(30) == 1
+        assert follower.stderr.read() == b""
+
+
 def test_errors_say_what_to_fix_and_never_show_a_traceback(api):
     seed(api)
     no_token = reader(api, "jobs", token=None)
