@@ -10,6 +10,25 @@ from typing import Any
 
 from flask import Flask
 
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603 - the one process-wide value this module keeps
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def pid() -> int:
+    """This process's id without a system call: read once, and again in each forked child.
+
+    Asked on every request (which process started a thread) and on every metric update
+    (prometheus_client's check for a fork); os.getpid is a system call each time.
+    """
+    return _pid
+
 
 class PerProcess:
     """Runs ``target`` on a daemon thread the first time ``ensure_running`` is called in each process.
@@ -26,11 +45,11 @@ class PerProcess:
 
     def ensure_running(self) -> None:
         """Start the thread in this process if it is not running (cheap: every request may call it)."""
-        if self._pid == os.getpid():
+        if self._pid == pid():
             return
         with self._lock:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
+            if self._pid != pid():
+                self._pid = pid()
                 threading.Thread(target=self.target, name=self.name, daemon=True).start()
 
 

@@ -343,7 +343,8 @@ def test_the_statements_survive_rollbacks_after_many_reads(watched, postgres):
 
 
 QUOTED = ["plain", "it's", "''", "'); DROP TABLE jobs; --", "back\\slash", "\\'", "naïve café 😀", "", "$1", "-- x",
-          0, -5, 2**62, None, True, dt.datetime(2025, 1, 26, 10, 40, tzinfo=dt.UTC)]
+          0, -5, 2**62, None, True, False, dt.datetime(2025, 1, 26, 10, 40, tzinfo=dt.UTC),
+          dt.datetime(2026, 12, 3, 9, 4, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=-5, minutes=-30)))]
 
 
 @pytest.mark.parametrize("conforming", ["on", "off"])

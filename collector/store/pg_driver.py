@@ -331,8 +331,8 @@ def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str,
 def literal(tx: abc.Transformer, value: Any) -> bytes:
     """``value`` as an SQL literal, as psycopg's adapters would write it.
 
-    A write binds about thirty values, most of them plain strings, integers and NULLs;
-    those skip psycopg's per-value dumper lookup and libpq's escaping. Doubling the
+    A write binds about thirty values, most of them plain strings, integers, NULLs and
+    aware timestamps; those skip psycopg's per-value dumper lookup and libpq's escaping. Doubling the
     quotes is all a string without backslashes or NULs needs, whatever
     ``standard_conforming_strings`` says, and the connection's encoding is UTF-8
     (collector/db.py). Everything else goes to psycopg.
@@ -345,6 +345,13 @@ def literal(tx: abc.Transformer, value: Any) -> bytes:
         return b"NULL"
     if kind is int:
         return b"%d" % value
+    if kind is dt.datetime and value.tzinfo is not None:
+        # Every timestamp the collector writes is aware (models.UTCDateTime): ISO 8601 is
+        # what PostgreSQL reads, and psycopg's dumper costs more than the rest of a literal.
+        stamp: dt.datetime = value
+        return b"'" + stamp.isoformat().encode() + b"'::timestamptz"
+    if kind is bool:
+        return b"true" if value else b"false"
     return tx.as_literal(value)
 
 
