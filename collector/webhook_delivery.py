@@ -134,15 +134,15 @@ class Dispatcher:
                 now = dt.datetime.now(dt.UTC)
                 fan = time.monotonic() - fanned_out >= self.settings.webhook_poll_s
                 try:
-                    busy, claimed = self.turn(unsaved, now, fan)
+                    busy, claimed, caught_up = self.turn(unsaved, now, fan)
                 except Exception:  # noqa: BLE001 - a database outage must not end the thread; the next turn retries
                     log.warning("webhook delivery failed; retrying in %g s", self.settings.webhook_poll_s,
                                 exc_info=True)
                     busy, claimed = False, []
                 else:
                     unsaved = []
-                    if fan:
-                        fanned_out = time.monotonic()
+                    if fan and caught_up:
+                        fanned_out = time.monotonic()  # else the feed holds more: fan out again at once
                 for run in claimed:
                     self._in_flight += 1
                     pool.submit(self._send, run)
@@ -173,21 +173,22 @@ class Dispatcher:
         return answers
 
     def turn(self, answers: list[deliveries.Answer], now: dt.datetime, fan: bool
-             ) -> tuple[bool, list[list[Claimed]]]:
+             ) -> tuple[bool, list[list[Claimed]], bool]:
         """Record ``answers``, fan out new events (if ``fan``), claim what the free senders can take.
 
-        Whether to go round again at once, and the deliveries to send. With nothing to
-        record, a read decides first whether anything is to be done: an idle turn writes nothing.
+        Whether to go round again at once, the deliveries to send, and whether the fan-out
+        reached the feed's end. With nothing to record, a read decides first whether
+        anything is to be done: an idle turn writes nothing.
         """
         free = SENDERS - self._in_flight
         if not answers:
             if not fan:
-                return False, []
+                return False, [], True
             new_events, due = self.database.run(lambda conn: deliveries.work(conn, now))
             if not new_events and not (due and free > 0):
-                return False, []
+                return False, [], True
 
-        outcomes, made, claimed = self.database.run(
+        outcomes, fanned, claimed = self.database.run(
             functools.partial(deliveries.turn, answers=answers, now=now, fan=fan, free=free), write=True)
         for answer, outcome in zip(answers, outcomes, strict=True):
             if outcome == deliveries.UNTRIED:
@@ -197,7 +198,7 @@ class Dispatcher:
                 log.info("webhook %d delivery %d (event %d) %s: %s", answer.claimed.webhook_id, answer.claimed.id,
                          answer.claimed.event_id, outcome,
                          f"answered {answer.status}" if answer.status is not None else answer.error)
-        return bool(answers or made or claimed), claimed
+        return bool(answers or fanned.made or fanned.more or claimed), claimed, not fanned.more
 
     def _send(self, run: list[Claimed]) -> None:
         # One after another, in feed order; a failure stops the run (the receiver hears of

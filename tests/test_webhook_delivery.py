@@ -393,3 +393,30 @@ def test_a_delivery_whose_event_is_gone_is_dropped_by_the_claim_not_sent(databas
         store.dispose()
     assert [[(c.event_id, c.event.status) for c in run] for run in runs] == [[(second, "starting")]]
     assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE event_id = :e", e=first) == 0
+
+
+def test_a_fan_out_that_stops_at_a_full_batch_says_more_wait(database):
+    # The store alone: a burst bigger than a batch. The loop fans out again at once while
+    # the batch was full, rather than a poll interval later (webhook_delivery.Dispatcher).
+    database.clean()
+    store = Database(Settings(database_url=database.url))
+    now = dt.datetime.now(dt.UTC)
+    burst = deliveries.FAN_OUT_BATCH + 7
+    try:
+        hook = store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x",
+                                                                            statuses=[JobStatus.STARTING]), now),
+                         write=True).id
+        payload = JobCreatePayload(job_id="burst", job_name="burst", submitted_at=now, cluster="b200")
+        store.run(functools.partial(job_store.submit, payload=payload), write=True)
+        job_pk = database.scalar("SELECT id FROM jobs WHERE job_id = 'burst'")
+        for n in range(burst):  # one transaction each: on PostgreSQL an event's id comes from its transaction's
+            with database.engine.begin() as conn:
+                conn.execute(insert(deliveries.EVENTS), {"job_pk": job_pk, "status": "starting",
+                                                         "message": f"step {n}", "created_at": now})
+        fanned = [store.run(lambda conn: deliveries.fan_out(conn, now), write=True) for _ in range(3)]
+    finally:
+        store.dispose()
+    # The first batch holds the submitted event too (no subscriber: none made for it).
+    assert fanned == [deliveries.FanOut(deliveries.FAN_OUT_BATCH - 1, more=True), deliveries.FanOut(8, more=False),
+                      deliveries.FanOut()]
+    assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = :h", h=hook) == burst

@@ -97,8 +97,16 @@ class Answer:
         return self.tried and self.status is not None and 200 <= self.status < 300
 
 
-def fan_out(conn: Connection, now: dt.datetime) -> int:
-    """Make the deliveries of the feed's next events for the subscriptions they match; how many were made.
+@dataclasses.dataclass(frozen=True)
+class FanOut:
+    """What one fan-out did: the deliveries it made, and whether it stopped at a full batch (more wait)."""
+
+    made: int = 0
+    more: bool = False
+
+
+def fan_out(conn: Connection, now: dt.datetime) -> FanOut:
+    """Make the deliveries of the feed's next ``FAN_OUT_BATCH`` events for the subscriptions they match.
 
     One process at a time: on PostgreSQL the cursor row's lock is skipped by the others
     (they make none this time); on SQLite the write transaction already admits one.
@@ -106,14 +114,14 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
     if is_postgres(conn):
         query = _fan_out_query(now)
         execute_all(conn, [query], commit=False)
-        return _made(query)
+        return _fanned(query)
     position = conn.execute(select(CURSOR.c.position).where(CURSOR.c.id == 1)).scalar()
     if position is None:
-        return 0
+        return FanOut()
     events = conn.execute(select(EVENTS.c.id, EVENTS.c.status, JOBS.c.cluster).join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
                           .where(EVENTS.c.id > position).order_by(EVENTS.c.id).limit(FAN_OUT_BATCH)).all()
     if not events:
-        return 0
+        return FanOut()
     hooks = conn.execute(select(WEBHOOKS.c.id, WEBHOOKS.c.statuses, WEBHOOKS.c.clusters, WEBHOOKS.c.start_after)
                          .where(WEBHOOKS.c.enabled)).all()
     # Events come in few (status, cluster) kinds: each kind's subscriptions are found once.
@@ -131,15 +139,17 @@ def fan_out(conn: Connection, now: dt.datetime) -> int:
     if rows:
         conn.execute(sqlite_insert(DELIVERIES).on_conflict_do_nothing(index_elements=["webhook_id", "event_id"]), rows)
     conn.execute(update(CURSOR).where(CURSOR.c.id == 1).values(position=events[-1].id))
-    return len(rows)
+    return FanOut(len(rows), len(events) == FAN_OUT_BATCH)
 
 
 def _fan_out_query(now: dt.datetime) -> Query:
     return Query(deliveries_pg.FAN_OUT, {"now": now, "batch": FAN_OUT_BATCH})
 
 
-def _made(query: Query) -> int:
-    return int(query.rows[0]["made"]) if query.rows else 0
+def _fanned(query: Query) -> FanOut:
+    if not query.rows:
+        return FanOut()
+    return FanOut(int(query.rows[0]["made"]), query.rows[0]["events"] == FAN_OUT_BATCH)
 
 
 # A subscription's oldest pending delivery: the only one that may go (receivers hear in feed
@@ -318,15 +328,16 @@ def _recorded(answers: list[Answer]) -> list[Query]:
 
 
 def turn(conn: Connection, answers: list[Answer], now: dt.datetime, *, fan: bool, free: int
-         ) -> tuple[list[str], int, list[list[Claimed]]]:
+         ) -> tuple[list[str], FanOut, list[list[Claimed]]]:
     """The delivery loop's transaction: ``finish`` the answers, ``fan_out`` (if ``fan``), ``claim`` for ``free``.
 
-    The answers' outcomes, how many deliveries the fan-out made, and the runs claimed. On
+    The answers' outcomes, what the fan-out did, and the runs claimed. On
     PostgreSQL one round trip, COMMIT included, unless an answer failed: its record (a 410
     kills its subscription's pending deliveries) must follow the sent ones before it.
     """
     if not is_postgres(conn):
-        return finish(conn, answers), fan_out(conn, now) if fan else 0, claim(conn, now, free) if free > 0 else []
+        return (finish(conn, answers), fan_out(conn, now) if fan else FanOut(),
+                claim(conn, now, free) if free > 0 else [])
     if all(answer.sent or not answer.tried for answer in answers):
         queries = _recorded(answers)
         outcomes = [SENT if answer.sent else UNTRIED for answer in answers]
@@ -337,7 +348,7 @@ def turn(conn: Connection, answers: list[Answer], now: dt.datetime, *, fan: bool
     queries += [query for query in (fanning, claiming) if query is not None]
     if queries:
         execute_all(conn, queries, commit=True)
-    return outcomes, _made(fanning) if fanning else 0, _runs(conn, claiming) if claiming else []
+    return outcomes, _fanned(fanning) if fanning else FanOut(), _runs(conn, claiming) if claiming else []
 
 
 def of_job(conn: Connection, job_pk: int) -> list[JobDelivery]:
