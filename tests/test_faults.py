@@ -169,16 +169,22 @@ TERMINATE = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHER
              "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
 
 
+def terminate_rounds(postgres, rounds: int = 8, every_s: float = 0.6) -> list[int]:
+    """Terminate every client backend of the database ``rounds`` times, ``every_s`` apart; how many each time."""
+    terminated = []
+    for _ in range(rounds):
+        time.sleep(every_s)
+        with postgres.engine.connect() as conn:
+            terminated.append(conn.execute(text(TERMINATE)).scalar())
+    return terminated
+
+
 def test_backends_terminated_under_load_answer_no_5xx(postgres):
     postgres.clean()
     server = gunicorn(postgres.url, workers=2)
     try:
         load = Load(server.url, prefix="term-", threads=6).start()
-        terminated = []
-        for _ in range(8):
-            time.sleep(0.6)
-            with postgres.engine.connect() as conn:
-                terminated.append(conn.execute(text(TERMINATE)).scalar())
+        terminated = terminate_rounds(postgres)
         time.sleep(0.5)
         load.stop()
         report = verify(postgres.engine, load.writes, url=server.url)
@@ -836,11 +842,7 @@ def test_webhook_deliveries_survive_their_database_connections_being_terminated(
         assert requests.post(f"{server.url}/api/webhooks", json={"url": receiver.url, "statuses": every_status},
                              timeout=10).status_code == 201
         load = Load(server.url, prefix="hook-term-", threads=4).start()
-        terminated = []
-        for _ in range(8):
-            time.sleep(0.6)
-            with postgres.engine.connect() as conn:
-                terminated.append(conn.execute(text(TERMINATE)).scalar())
+        terminated = terminate_rounds(postgres)
         time.sleep(0.5)
         load.stop()
         report = verify(postgres.engine, load.writes, url=server.url)

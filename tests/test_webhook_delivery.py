@@ -24,6 +24,7 @@ from collector.settings import Settings
 from collector.store import deliveries
 from collector.store import jobs as job_store
 from collector.store import webhooks as webhook_store
+from collector.store.identity import JOBS
 from collector.webhook_contract import WebhookCreate
 from tests.helpers import HANG
 from tests.helpers import Recorder
@@ -230,30 +231,53 @@ def test_a_redirect_is_a_failed_try_and_is_not_followed(api, recorder, database)
     assert elsewhere.requests == []
 
 
-def test_a_failure_backs_off_and_one_past_a_day_is_given_up(database):
-    # The store alone, no dispatcher running: two deliveries made an hour and a day ago fail once more.
+@pytest.fixture
+def store(database):
+    """The store alone on an empty database, no dispatcher running."""
     database.clean()
-    store = Database(Settings(database_url=database.url))
+    alone = Database(Settings(database_url=database.url))
+    yield alone
+    alone.dispose()
+
+
+def job_events(store: Database, job_id: str, now: dt.datetime, steps: int = 0) -> list[int]:
+    """Submit ``job_id`` on b200 and move it through ``steps`` starting events; its event ids, in feed order."""
+    payload = JobCreatePayload(job_id=job_id, job_name=job_id, submitted_at=now, cluster="b200")
+    store.run(functools.partial(job_store.submit, payload=payload), write=True)
+    for n in range(steps):
+        step = JobUpdatePayload(status=JobStatus.STARTING, message=f"step {n}", updated_at=now)
+        assert store.run(functools.partial(job_store.update, job_id=job_id, payload=step, cluster="b200"), write=True)
+    return store.run(lambda conn: list(conn.execute(
+        select(deliveries.EVENTS.c.id).join(JOBS, JOBS.c.id == deliveries.EVENTS.c.job_pk)
+        .where(JOBS.c.job_id == job_id).order_by(deliveries.EVENTS.c.id)).scalars()))
+
+
+def nowhere(store: Database, now: dt.datetime, **fields) -> int:
+    """A subscription to a port nothing listens on; its id."""
+    create = WebhookCreate(url="http://127.0.0.1:9/x", **fields)
+    return store.run(lambda conn: webhook_store.add(conn, create, now), write=True).id
+
+
+def queue(store: Database, hooks: list[int], events: list[int], now: dt.datetime, *, attempts: int = 0,
+          age: dt.timedelta = dt.timedelta(0)) -> None:
+    """A pending delivery of each of ``events`` to each of ``hooks``, made ``age`` ago."""
+    store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
+        {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": attempts, "created_at": now - age,
+         "next_attempt_at": now - age} for hook in hooks for event in events]), write=True)
+
+
+def test_a_failure_backs_off_and_one_past_a_day_is_given_up(store, database):
+    # Two deliveries made an hour and a day ago fail once more.
     now = dt.datetime.now(dt.UTC)
-    try:
-        for job_id in ("young", "old"):
-            payload = JobCreatePayload(job_id=job_id, job_name=job_id, submitted_at=now, cluster="b200")
-            store.run(functools.partial(job_store.submit, payload=payload), write=True)
-        # One subscription each: a subscription's second delivery would wait behind its first.
-        hooks = [store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
-                           write=True).id for _ in range(2)]
-        events = [database.scalar("SELECT e.id FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE j.job_id = :j",
-                                  j=job_id) for job_id in ("young", "old")]
-        ages = (dt.timedelta(hours=1), deliveries.GIVE_UP_AFTER + dt.timedelta(seconds=1))
-        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
-            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 2, "created_at": now - age,
-             "next_attempt_at": now - age} for hook, event, age in zip(hooks, events, ages, strict=True)]), write=True)
-        claimed = [c for run in store.run(lambda conn: deliveries.claim(conn, now, 10), write=True) for c in run]
-        assert [(c.event.job_id, c.attempts) for c in claimed] == [("young", 2), ("old", 2)]
-        answers = [deliveries.Answer(c, 503, "busy", now) for c in claimed]
-        outcomes = store.run(functools.partial(deliveries.finish, answers=answers), write=True)
-    finally:
-        store.dispose()
+    # One subscription each: a subscription's second delivery would wait behind its first.
+    events = [job_events(store, job_id, now)[0] for job_id in ("young", "old")]
+    for event, age in zip(events, (dt.timedelta(hours=1), deliveries.GIVE_UP_AFTER + dt.timedelta(seconds=1)),
+                          strict=True):
+        queue(store, [nowhere(store, now)], [event], now, attempts=2, age=age)
+    claimed = [c for run in store.run(lambda conn: deliveries.claim(conn, now, 10), write=True) for c in run]
+    assert [(c.event.job_id, c.attempts) for c in claimed] == [("young", 2), ("old", 2)]
+    answers = [deliveries.Answer(c, 503, "busy", now) for c in claimed]
+    outcomes = store.run(functools.partial(deliveries.finish, answers=answers), write=True)
     assert outcomes == ["retried", "dead"]
     young, old = (database.row("SELECT state, attempts, last_status, last_error, next_attempt_at, claimed_until "
                                "FROM webhook_deliveries WHERE event_id = :e", e=event) for event in events)
@@ -269,153 +293,108 @@ def parse_stamp(value) -> dt.datetime:
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
 
 
-def test_a_subscription_s_queue_goes_in_runs_and_a_failure_sends_the_rest_back_untried(database):
-    # The store alone: five deliveries queued for one subscription, five for another.
-    database.clean()
-    store = Database(Settings(database_url=database.url))
+def test_a_subscription_s_queue_goes_in_runs_and_a_failure_sends_the_rest_back_untried(store, database):
+    # Five deliveries queued for one subscription, five for another.
     now = dt.datetime.now(dt.UTC)
-    try:
-        payload = JobCreatePayload(job_id="q", job_name="q", submitted_at=now, cluster="b200")
-        store.run(functools.partial(job_store.submit, payload=payload), write=True)
-        for n in range(4):
-            step = JobUpdatePayload(status=JobStatus.STARTING, message=f"step {n}", updated_at=now)
-            assert store.run(functools.partial(job_store.update, job_id="q", payload=step, cluster="b200"), write=True)
-        events = store.run(lambda conn: list(conn.execute(select(deliveries.EVENTS.c.id)
-                                                          .order_by(deliveries.EVENTS.c.id)).scalars()))
-        assert len(events) == 5
-        hooks = [store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
-                           write=True).id for _ in range(2)]
-        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
-            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 0, "created_at": now,
-             "next_attempt_at": now} for hook in hooks for event in events]), write=True)
+    events = job_events(store, "q", now, steps=4)
+    assert len(events) == 5
+    queue(store, [nowhere(store, now), nowhere(store, now)], events, now)
 
-        def claim(at: dt.datetime, limit: int = 10, run: int = deliveries.RUN) -> list[list[int]]:
-            runs = store.run(lambda conn: deliveries.claim(conn, at, limit, run), write=True)
-            return [[c.event_id for c in r] for r in runs]
+    def claim(at: dt.datetime, limit: int = 10, run: int = deliveries.RUN) -> list[list[int]]:
+        runs = store.run(lambda conn: deliveries.claim(conn, at, limit, run), write=True)
+        return [[c.event_id for c in r] for r in runs]
 
-        first = store.run(lambda conn: deliveries.claim(conn, now, 1, 3), write=True)
-        # One subscription (limit 1), its three oldest in feed order (run 3); nothing else is due
-        # while they are held: the rest of that queue waits behind them, the other is taken next.
-        assert [[c.event_id for c in r] for r in first] == [events[:3]]
-        assert claim(now) == [events]
-        assert claim(now) == []
-        second, third = first[0][1], first[0][2]
-        outcomes = store.run(functools.partial(deliveries.finish, answers=[
-            deliveries.Answer(first[0][0], 204, None, now), deliveries.Answer(second, 503, "busy", now),
-            deliveries.Answer(third, None, None, now, tried=False)]), write=True)
-        assert outcomes == ["sent", "retried", "untried"]
-        assert [state_of(database, c.id) for c in first[0]] == [("sent", 1, 204), ("pending", 1, 503),
-                                                                 ("pending", 0, None)]
-        # The failed one goes again after its delay, alone (its receiver is known to fail), and
-        # the untried one is not held: it waits only for the failed one, in order.
-        assert claim(now + dt.timedelta(seconds=0.5)) == []
-        later = now + dt.timedelta(seconds=deliveries.retry_delay(1))
-        retried = store.run(lambda conn: deliveries.claim(conn, later, 10), write=True)
-        assert [[c.event_id for c in r] for r in retried] == [[second.event_id]]
-        store.run(functools.partial(deliveries.finish, answers=[deliveries.Answer(retried[0][0], 200, None, later)]),
-                  write=True)
-        assert claim(later) == [events[2:]]
-    finally:
-        store.dispose()
+    first = store.run(lambda conn: deliveries.claim(conn, now, 1, 3), write=True)
+    # One subscription (limit 1), its three oldest in feed order (run 3); nothing else is due
+    # while they are held: the rest of that queue waits behind them, the other is taken next.
+    assert [[c.event_id for c in r] for r in first] == [events[:3]]
+    assert claim(now) == [events]
+    assert claim(now) == []
+    second, third = first[0][1], first[0][2]
+    outcomes = store.run(functools.partial(deliveries.finish, answers=[
+        deliveries.Answer(first[0][0], 204, None, now), deliveries.Answer(second, 503, "busy", now),
+        deliveries.Answer(third, None, None, now, tried=False)]), write=True)
+    assert outcomes == ["sent", "retried", "untried"]
+    assert [state_of(database, c.id) for c in first[0]] == [("sent", 1, 204), ("pending", 1, 503),
+                                                             ("pending", 0, None)]
+    # The failed one goes again after its delay, alone (its receiver is known to fail), and
+    # the untried one is not held: it waits only for the failed one, in order.
+    assert claim(now + dt.timedelta(seconds=0.5)) == []
+    later = now + dt.timedelta(seconds=deliveries.retry_delay(1))
+    retried = store.run(lambda conn: deliveries.claim(conn, later, 10), write=True)
+    assert [[c.event_id for c in r] for r in retried] == [[second.event_id]]
+    store.run(functools.partial(deliveries.finish, answers=[deliveries.Answer(retried[0][0], 200, None, later)]),
+              write=True)
+    assert claim(later) == [events[2:]]
 
 
-
-
-def test_a_claim_that_began_before_a_delivery_was_sent_does_not_take_it(postgres):
+def test_a_claim_that_began_before_a_delivery_was_sent_does_not_take_it(postgres, store):
     # PostgreSQL, where claims run in several processes at once. A claim reads the queues
     # from its snapshot and then locks the heads it picked; a head another sender leased,
     # sent and recorded in between is newer than that snapshot when locked. The claim must
     # look at the row it locked, not the one it read: before, such a head went out twice.
     # 100,000 subscriptions with one delivery each keep the claim reading long enough
     # (about 0.1 s) for the other sender to act meanwhile.
-    postgres.clean()
-    store = Database(Settings(database_url=postgres.url))
     now = dt.datetime.now(dt.UTC)
-    try:
-        payload = JobCreatePayload(job_id="late", job_name="late", submitted_at=now, cluster="b200")
-        store.run(functools.partial(job_store.submit, payload=payload), write=True)
-        with postgres.engine.begin() as conn:
-            conn.execute(text("INSERT INTO webhooks (url, statuses, clusters, format, enabled, start_after, "
-                              "created_at) SELECT 'http://127.0.0.1:9/x', '[]', '[]', 'json', true, 0, now() "
-                              "FROM generate_series(1, 100000)"))
-            conn.execute(text("INSERT INTO webhook_deliveries (webhook_id, event_id, state, attempts, created_at, "
-                              "next_attempt_at) SELECT w.id, e.id, 'pending', 0, :now, :now "
-                              "FROM webhooks w CROSS JOIN job_events e ORDER BY w.id"), {"now": now})
-            head = conn.execute(text("SELECT min(id) FROM webhook_deliveries")).scalar()
-            conn.execute(text("ANALYZE webhooks; ANALYZE webhook_deliveries"))
-        claimed: list[list[deliveries.Claimed]] = []
-        late = threading.Thread(target=lambda: claimed.extend(
-            store.run(lambda conn: deliveries.claim(conn, now, 1), write=True)))
-        late.start()
-        wait_for(lambda: postgres.scalar("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-                                         "AND query LIKE '%EXECUTE collector_delivery_claim%'") or None, 10,
-                 "the claim to start")
-        # Another sender's whole life of that head: leased, sent, recorded.
-        with postgres.engine.begin() as sender:
-            sender.execute(text("UPDATE webhook_deliveries SET claimed_until = :until WHERE id = :id"),
-                           {"until": now + deliveries.LEASE, "id": head})
-        with postgres.engine.begin() as sender:
-            sender.execute(text("UPDATE webhook_deliveries SET state = 'sent', attempts = 1, last_status = 204, "
-                                "sent_at = :now, claimed_until = NULL WHERE id = :id"), {"now": now, "id": head})
-        assert late.is_alive(), "the claim ended before the other sender recorded its head: the test proves nothing"
-        late.join(30)
-    finally:
-        store.dispose()
+    job_events(store, "late", now)
+    with postgres.engine.begin() as conn:
+        conn.execute(text("INSERT INTO webhooks (url, statuses, clusters, format, enabled, start_after, created_at) "
+                          "SELECT 'http://127.0.0.1:9/x', '[]', '[]', 'json', true, 0, now() "
+                          "FROM generate_series(1, 100000)"))
+        conn.execute(text("INSERT INTO webhook_deliveries (webhook_id, event_id, state, attempts, created_at, "
+                          "next_attempt_at) SELECT w.id, e.id, 'pending', 0, :now, :now "
+                          "FROM webhooks w CROSS JOIN job_events e ORDER BY w.id"), {"now": now})
+        head = conn.execute(text("SELECT min(id) FROM webhook_deliveries")).scalar()
+        conn.execute(text("ANALYZE webhooks; ANALYZE webhook_deliveries"))
+    claimed: list[list[deliveries.Claimed]] = []
+    late = threading.Thread(target=lambda: claimed.extend(
+        store.run(lambda conn: deliveries.claim(conn, now, 1), write=True)))
+    late.start()
+    wait_for(lambda: postgres.scalar("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                                     "AND query LIKE '%EXECUTE collector_delivery_claim%'") or None, 10,
+             "the claim to start")
+    # Another sender's whole life of that head: leased, sent, recorded.
+    with postgres.engine.begin() as sender:
+        sender.execute(text("UPDATE webhook_deliveries SET claimed_until = :until WHERE id = :id"),
+                       {"until": now + deliveries.LEASE, "id": head})
+    with postgres.engine.begin() as sender:
+        sender.execute(text("UPDATE webhook_deliveries SET state = 'sent', attempts = 1, last_status = 204, "
+                            "sent_at = :now, claimed_until = NULL WHERE id = :id"), {"now": now, "id": head})
+    assert late.is_alive(), "the claim ended before the other sender recorded its head: the test proves nothing"
+    late.join(30)
     assert [[c.id for c in run] for run in claimed] == [[head + 1]]
     assert postgres.row("SELECT state, claimed_until FROM webhook_deliveries WHERE id = :i", i=head) == ("sent", None)
 
 
-def test_a_delivery_whose_event_is_gone_is_dropped_by_the_claim_not_sent(database):
+def test_a_delivery_whose_event_is_gone_is_dropped_by_the_claim_not_sent(store, database):
     # Events are deleted with their deliveries (the foreign key cascades). Were one deleted
     # without it (foreign keys off: a restore, a hand-run DELETE), its delivery has nothing
     # to send: the claim drops it and takes the next one.
-    database.clean()
-    store = Database(Settings(database_url=database.url))
     now = dt.datetime.now(dt.UTC)
-    try:
-        payload = JobCreatePayload(job_id="gone", job_name="gone", submitted_at=now, cluster="b200")
-        store.run(functools.partial(job_store.submit, payload=payload), write=True)
-        step = JobUpdatePayload(status=JobStatus.STARTING, updated_at=now)
-        assert store.run(functools.partial(job_store.update, job_id="gone", payload=step, cluster="b200"), write=True)
-        first, second = store.run(lambda conn: list(conn.execute(select(deliveries.EVENTS.c.id)
-                                                                 .order_by(deliveries.EVENTS.c.id)).scalars()))
-        hook = store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x"), now),
-                         write=True).id
-        store.run(lambda conn: conn.execute(insert(deliveries.DELIVERIES), [
-            {"webhook_id": hook, "event_id": event, "state": "pending", "attempts": 0, "created_at": now,
-             "next_attempt_at": now} for event in (first, second)]), write=True)
-        with database.engine.begin() as conn:
-            if database.is_postgres:
-                conn.execute(text("SET LOCAL session_replication_role = replica"))  # no foreign key triggers
-            conn.execute(text("DELETE FROM job_events WHERE id = :i"), {"i": first})
-        runs = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
-    finally:
-        store.dispose()
+    first, second = job_events(store, "gone", now, steps=1)
+    queue(store, [nowhere(store, now)], [first, second], now)
+    with database.engine.begin() as conn:
+        if database.is_postgres:
+            conn.execute(text("SET LOCAL session_replication_role = replica"))  # no foreign key triggers
+        conn.execute(text("DELETE FROM job_events WHERE id = :i"), {"i": first})
+    runs = store.run(lambda conn: deliveries.claim(conn, now, 10), write=True)
     assert [[(c.event_id, c.event.status) for c in run] for run in runs] == [[(second, "starting")]]
     assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE event_id = :e", e=first) == 0
 
 
-def test_a_fan_out_that_stops_at_a_full_batch_says_more_wait(database):
-    # The store alone: a burst bigger than a batch. The loop fans out again at once while
-    # the batch was full, rather than a poll interval later (webhook_delivery.Dispatcher).
-    database.clean()
-    store = Database(Settings(database_url=database.url))
+def test_a_fan_out_that_stops_at_a_full_batch_says_more_wait(store, database):
+    # A burst bigger than a batch. The loop fans out again at once while the batch was
+    # full, rather than a poll interval later (webhook_delivery.Dispatcher).
     now = dt.datetime.now(dt.UTC)
     burst = deliveries.FAN_OUT_BATCH + 7
-    try:
-        hook = store.run(lambda conn: webhook_store.add(conn, WebhookCreate(url="http://127.0.0.1:9/x",
-                                                                            statuses=[JobStatus.STARTING]), now),
-                         write=True).id
-        payload = JobCreatePayload(job_id="burst", job_name="burst", submitted_at=now, cluster="b200")
-        store.run(functools.partial(job_store.submit, payload=payload), write=True)
-        job_pk = database.scalar("SELECT id FROM jobs WHERE job_id = 'burst'")
-        for n in range(burst):  # one transaction each: on PostgreSQL an event's id comes from its transaction's
-            with database.engine.begin() as conn:
-                conn.execute(insert(deliveries.EVENTS), {"job_pk": job_pk, "status": "starting",
-                                                         "message": f"step {n}", "created_at": now})
-        fanned = [store.run(lambda conn: deliveries.fan_out(conn, now), write=True) for _ in range(3)]
-    finally:
-        store.dispose()
+    hook = nowhere(store, now, statuses=[JobStatus.STARTING])
+    job_events(store, "burst", now)
+    job_pk = database.scalar("SELECT id FROM jobs WHERE job_id = 'burst'")
+    for n in range(burst):  # one transaction each: on PostgreSQL an event's id comes from its transaction's
+        with database.engine.begin() as conn:
+            conn.execute(insert(deliveries.EVENTS), {"job_pk": job_pk, "status": "starting", "message": f"step {n}",
+                                                     "created_at": now})
+    fanned = [store.run(lambda conn: deliveries.fan_out(conn, now), write=True) for _ in range(3)]
     # The first batch holds the submitted event too (no subscriber: none made for it).
     assert fanned == [deliveries.FanOut(deliveries.FAN_OUT_BATCH - 1, more=True), deliveries.FanOut(8, more=False),
                       deliveries.FanOut()]
