@@ -23,7 +23,6 @@ import math
 import queue
 import threading
 import time
-import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
@@ -112,9 +111,7 @@ class Dispatcher:
         self._woken = threading.Event()
         self._in_flight = 0  # touched by the loop only
         self._thread = PerProcess("collector-webhooks", self._run)
-        # Read once, as every setting: the receivers a proxy must reach, the way requests does.
-        self._proxies = urllib.request.getproxies_environment()
-        self._receivers = webhook_http.Receivers(self._proxies)
+        self._receivers = webhook_http.Receivers()  # the environment's proxies read once, here
 
     def ensure_running(self) -> None:
         """Start the delivery thread in this process if it is not running (cheap; every request calls it)."""
@@ -123,7 +120,7 @@ class Dispatcher:
     def _run(self) -> None:
         # A forked child inherits the parent's state, not its senders or its connections.
         self._answers, self._in_flight = queue.SimpleQueue(), 0
-        self._receivers = webhook_http.Receivers(self._proxies)
+        self._receivers = webhook_http.Receivers(self._receivers.proxies)
         pool = concurrent.futures.ThreadPoolExecutor(SENDERS, thread_name_prefix="collector-webhook")
         unsaved: list[deliveries.Answer] = []
         fanned_out = -math.inf

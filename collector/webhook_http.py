@@ -26,6 +26,7 @@ READ_TIMEOUT_S = 10.0
 ERROR_BYTES = 500
 IDLE_PER_RECEIVER = 8  # kept-alive connections per receiver (the senders of one process)
 RECEIVERS_KEPT = 64  # receivers whose idle connections are kept, the most recently used
+ROUTES_KEPT = 4096  # URLs whose route is remembered (all of them, but for a deployment gone wild)
 # A kept-alive connection the receiver closed while it sat idle fails like this, before any
 # answer: the POST goes again at once on a new connection (the receiver never saw it, or
 # it closed without answering, which at-least-once allows to resend).
@@ -52,14 +53,16 @@ class Receivers:
 
     def __init__(self, proxies: dict[str, str] | None = None) -> None:
         # Read once, as every setting: the receivers a proxy must reach, the way requests does.
-        self._proxies = urllib.request.getproxies_environment() if proxies is None else proxies
+        self.proxies = urllib.request.getproxies_environment() if proxies is None else proxies
+        # A URL's route, found once: a deployment has as many URLs as subscriptions.
+        self._routes: dict[str, _Route] = {}
         self._idle: collections.OrderedDict[_Route, list[http.client.HTTPConnection]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None, str | None]:
         """POST ``body`` to ``url``: the receiver's status (None: no answer) and, unless 2xx, why it failed."""
         try:
-            route = self._route(url)
+            route = self._routes.get(url) or self._route(url)
         except ValueError as exc:
             return None, f"{type(exc).__name__}: {exc}"
         conn, reused = self._take(route)
@@ -133,13 +136,19 @@ class Receivers:
             extra.close()
 
     def _route(self, url: str) -> _Route:
+        if len(self._routes) >= ROUTES_KEPT:
+            self._routes.clear()
+        route = self._routes[url] = self._find_route(url)
+        return route
+
+    def _find_route(self, url: str) -> _Route:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL with a host: {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
         bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # not in typeshed
-        proxy = None if bypass(parts.hostname, self._proxies) else self._proxies.get(parts.scheme)
+        proxy = None if bypass(parts.hostname, self.proxies) else self.proxies.get(parts.scheme)
         if not proxy:
             return _Route(parts.scheme, parts.hostname, port, target)
         via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")

@@ -399,3 +399,35 @@ def test_a_fan_out_that_stops_at_a_full_batch_says_more_wait(store, database):
     assert fanned == [deliveries.FanOut(deliveries.FAN_OUT_BATCH - 1, more=True), deliveries.FanOut(8, more=False),
                       deliveries.FanOut()]
     assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = :h", h=hook) == burst
+
+
+def test_a_burst_bigger_than_a_batch_becomes_deliveries_without_waiting_for_polls(serve, database):
+    # A collector that looks for new events every 2 s. The feed gets 1,100 events the
+    # subscription matches, all at once (the cursor put back before them); the fan-out takes
+    # them 500 at a time, and goes again at once while a batch comes back full.
+    api = serve(write_token="w-" + uuid.uuid4().hex, webhook_poll_s=2.0)
+    hook = subscribe(api, "http://127.0.0.1:9/x", statuses=["starting"])["id"]
+    submit(api, "burst", cluster="b200")
+    job_pk = database.scalar("SELECT id FROM jobs WHERE job_id = 'burst'")
+    with database.engine.begin() as conn:
+        conn.execute(text("UPDATE webhooks SET enabled = false WHERE id = :h"), {"h": hook})
+    before = database.scalar("SELECT max(id) FROM job_events")
+    burst = 2 * deliveries.FAN_OUT_BATCH + 100
+    for n in range(burst):  # one transaction each: on PostgreSQL an event's id comes from its transaction's
+        with database.engine.begin() as conn:
+            conn.execute(insert(deliveries.EVENTS), {"job_pk": job_pk, "status": "starting", "message": f"step {n}",
+                                                     "created_at": dt.datetime.now(dt.UTC)})
+    newest = database.scalar("SELECT max(id) FROM job_events")
+    wait_for(lambda: database.scalar("SELECT position FROM webhook_cursor") == newest or None, 20,
+             "the fan-out to pass the burst while the subscription is off")
+    with database.engine.begin() as conn:
+        conn.execute(text("UPDATE webhook_cursor SET position = :p"), {"p": before})
+        conn.execute(text("UPDATE webhooks SET enabled = true WHERE id = :h"), {"h": hook})
+
+    def made() -> int:
+        return database.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = :h", h=hook)
+
+    wait_for(lambda: made() or None, 10, "the first batch")
+    started = time.monotonic()
+    wait_for(lambda: made() == burst or None, 20, "every delivery of the burst")
+    assert time.monotonic() - started < 1.5  # two more batches, not two more polls (4 s)

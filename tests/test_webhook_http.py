@@ -48,6 +48,40 @@ def test_deliveries_to_one_receiver_share_a_kept_alive_connection(receivers):
         ("POST", f"/hook/{n}", {"team": "a"}, b'{"n":%d}' % n, str(n)) for n in range(3)]
 
 
+
+def test_idle_connections_are_kept_for_the_receivers_used_last_and_no_more_per_receiver(receivers, monkeypatch):
+    monkeypatch.setattr(webhook_http, "RECEIVERS_KEPT", 2)
+    monkeypatch.setattr(webhook_http, "IDLE_PER_RECEIVER", 1)
+    first, second = Recorder(script=script()), Recorder(script=script())
+
+    def slowly(request, recorder):
+        time.sleep(0.3)  # long enough for two POSTs to be at it together
+        return NO_CONTENT
+
+    third = Recorder(script=slowly)
+
+    def two_at_once() -> None:
+        both = [threading.Thread(target=receivers.post, args=(third.url + "/hook", b"{}", {})) for _ in range(2)]
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join(10)
+
+    try:
+        for receiver in (first, second, first, third, second, first):
+            assert receivers.post(receiver.url + "/hook", b"{}", {}) == (204, None)
+        # Two POSTs at once to one receiver need two connections, of which one is kept: the
+        # next two reuse it and open one more.
+        two_at_once()
+        two_at_once()
+    finally:
+        for receiver in (first, second, third):
+            receiver.close()
+    # first's connection outlived second's use (two receivers kept), not third's and second's after it.
+    assert [r.connection for r in first.requests] == [1, 1, 2]
+    assert [r.connection for r in second.requests] == [1, 2]
+    assert (len(third.requests), third.connections) == (5, 4)
+
 def test_a_refusal_says_why_in_its_first_500_bytes_and_a_long_page_is_not_read(receivers):
     page = b"x" * 200_000
     receiver = Recorder(script=script((503, {"Content-Type": "text/plain"}, b"busy: try later"),

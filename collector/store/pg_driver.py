@@ -332,8 +332,8 @@ def literal(tx: abc.Transformer, value: Any) -> bytes:
     """``value`` as an SQL literal, as psycopg's adapters would write it.
 
     A write binds about thirty values, most of them plain strings, integers, NULLs and
-    aware timestamps; those skip psycopg's per-value dumper lookup and libpq's escaping. Doubling the
-    quotes is all a string without backslashes or NULs needs, whatever
+    aware timestamps; those skip psycopg's per-value dumper lookup and libpq's escaping.
+    Doubling the quotes is all a string without backslashes or NULs needs, whatever
     ``standard_conforming_strings`` says, and the connection's encoding is UTF-8
     (collector/db.py). Everything else goes to psycopg.
     """
