@@ -401,6 +401,30 @@ def test_a_fan_out_that_stops_at_a_full_batch_says_more_wait(store, database):
     assert database.scalar("SELECT count(*) FROM webhook_deliveries WHERE webhook_id = :h", h=hook) == burst
 
 
+def test_a_fan_out_reads_the_feed_from_its_cursor_not_from_the_start(postgres, store):
+    # PostgreSQL. The cursor's position must bound the scan of the feed. Written as a join
+    # condition it bounded nothing: every fan-out read every event ever stored (80 ms a
+    # turn at 100,000 events, in every worker, while writes came in). 20,000 events sit
+    # before the cursor here (ids below any transaction's, so they are settled), 10 after it.
+    now = dt.datetime.now(dt.UTC)
+    (latest,) = job_events(store, "long", now)
+    with postgres.engine.begin() as conn:
+        conn.execute(text("INSERT INTO job_events (id, job_pk, status, created_at) "
+                          "SELECT -g, id, 'starting', :now FROM jobs, generate_series(1, 20010) AS g"), {"now": now})
+        conn.execute(text("UPDATE webhook_cursor SET position = -11 WHERE id = 1"))
+        conn.execute(text("ANALYZE job_events"))
+    with store.engine.connect() as conn, conn.begin():
+        fanned = deliveries.fan_out(conn, now)
+        # This transaction's own counts: the events its statements read.
+        read = conn.execute(text("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
+                                 "WHERE relname = 'job_events'")).scalar()
+    assert fanned == deliveries.FanOut(0, more=False)
+    # The 11 events after the cursor, and the planner's look at the index's ends (it
+    # fetches a row or two there to estimate the range): 13 here, 20,013 before.
+    assert 11 <= read <= 15
+    assert postgres.scalar("SELECT position FROM webhook_cursor WHERE id = 1") == latest
+
+
 def test_a_burst_bigger_than_a_batch_becomes_deliveries_without_waiting_for_polls(serve, database):
     # A collector that looks for new events every 2 s. The feed gets 1,100 events the
     # subscription matches, all at once (the cursor put back before them); the fan-out takes

@@ -28,13 +28,15 @@ RELEASE = statement("collector_delivery_release",
 # The feed's next settled events, each made into a delivery per subscription it matches
 # (status listed, cluster listed or none listed; the unknown cluster '' matches only
 # those), and the cursor moved past them: deliveries.fan_out. The cursor row is skipped
-# when another process holds it: that one is fanning out.
+# when another process holds it: that one is fanning out. The position is a scalar
+# subquery, not a join: as a join condition it bounded no index scan, and each fan-out
+# read the whole feed from its first event (80 ms per turn at 100,000 events).
 FAN_OUT = statement("collector_delivery_fan_out", """
 WITH cursor AS (SELECT position FROM webhook_cursor WHERE id = 1 FOR UPDATE SKIP LOCKED),
 events AS (
     SELECT e.id, e.status, j.cluster
-    FROM cursor JOIN job_events e ON e.id > cursor.position JOIN jobs j ON j.id = e.job_pk
-    WHERE e.id < collector_feed_horizon()
+    FROM job_events e JOIN jobs j ON j.id = e.job_pk
+    WHERE e.id > (SELECT position FROM cursor) AND e.id < collector_feed_horizon()
     ORDER BY e.id LIMIT %(batch)s
 ),
 made AS (
