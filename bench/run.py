@@ -44,6 +44,7 @@ from bench import streams
 from bench import ui
 from bench import webhooks
 from collector.migrations import upgrade
+from collector.settings import Settings
 from collector.settings import database_url
 from tests.processes import ServerProcess
 from tests.processes import child_env
@@ -237,15 +238,21 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
     try:
         with contextlib.ExitStack() as stack:
             collector_db, baseline_db, floor_db = dbs.create(), dbs.create(), dbs.create()
+            # The same gunicorn settings for all three. The worker count is the one setting
+            # that follows the database (one on SQLite): the baselines, which name none, would
+            # otherwise get one worker beside the collector's 2 x CPU.
+            settings = Settings(database_url=collector_db)
+            workers = str(settings.worker_count)
+            _check_connections(args.pg_url, 3 * settings.worker_count * settings.pool_kept)
             collector = ServerProcess(GUNICORN + ["collector.wsgi:app"], child_env(
                 COLLECTOR_DATABASE_URL=collector_db, COLLECTOR_PORT="0", SRTCTL_STATUS_TOKEN=TOKEN,
-                COLLECTOR_ACCESS_LOG_LEVEL="warning"))
+                COLLECTOR_ACCESS_LOG_LEVEL="warning", COLLECTOR_WORKERS=workers))
             stack.callback(collector.stop)
             baseline = ServerProcess(GUNICORN + ["bench.baseline_app:app"], child_env(
-                BASELINE_DSN=_dsn(baseline_db), COLLECTOR_PORT="0"), health_path="/hello")
+                BASELINE_DSN=_dsn(baseline_db), COLLECTOR_PORT="0", COLLECTOR_WORKERS=workers), health_path="/hello")
             stack.callback(baseline.stop)
             floor = ServerProcess(GUNICORN + ["bench.floor_app:app"], child_env(
-                BASELINE_DSN=_dsn(floor_db), COLLECTOR_PORT="0"), health_path="/hello")
+                BASELINE_DSN=_dsn(floor_db), COLLECTOR_PORT="0", COLLECTOR_WORKERS=workers), health_path="/hello")
             stack.callback(floor.stop)
             builtin = start_builtin(stack, work / "builtin-pg.db")
             # The collector first: run_blobs measures it alone as targets[0].
@@ -261,6 +268,21 @@ def run_postgres(args, rows: list[dict], work: Path) -> None:
             run_blobs(args, rows, postgres, collector)
     finally:
         dbs.drop_all()
+
+
+def _check_connections(server_url: str, servers_need: int) -> None:
+    """Stop with a clear message when the PostgreSQL server cannot take the three servers' connections."""
+    engine = create_engine(server_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            allowed = int(conn.execute(text("SHOW max_connections")).scalar_one())
+    finally:
+        engine.dispose()
+    needed = servers_need + 10  # the bench's own: databases, seeding, truncation, settling
+    if allowed < needed:
+        raise SystemExit(f"the PostgreSQL server at {server_url} takes {allowed} connections; the three servers "
+                         f"may open {servers_need}: raise max_connections to {needed} or more "
+                         "(ALTER SYSTEM SET max_connections = ..., then restart it), as .ci/run does")
 
 
 def _dsn(url: str) -> str:
