@@ -142,8 +142,11 @@ def watch(conn: Connection, cluster: str, limit: int = 10_000) -> list[str]:
 def slurm_view(conn: Connection, job_pk: int) -> SlurmView | None:
     """What the probe last saw of one job, or None when no probe asked about it."""
     row = conn.execute(select(SLURM).where(SLURM.c.job_pk == job_pk)).mappings().first()
-    if row is None:
-        return None
+    return None if row is None else slurm_of(row)
+
+
+def slurm_of(row: RowMapping | dict[str, Any]) -> SlurmView:
+    """The view of one ``slurm_jobs`` row."""
     return SlurmView(state=row["state"], reason=row["reason"], since=row["state_since"],
                      observed_at=row["observed_at"], gone_since=row["gone_since"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy import Row
@@ -68,6 +69,20 @@ def append_if_changed(
                   credential=credential)
     event_id = sqlite_driver.insert_event(conn, values)
     return record(job, event_id, created_at, credential)
+
+
+def stored(job: JobRow, event: dict[str, Any]) -> JobEventRecord:
+    """The wire record of a stored event of ``job`` (a ``job_events`` row)."""
+    return JobEventRecord(
+        id=event["id"],
+        job_id=job["job_id"],
+        cluster=wire_cluster(job["cluster"]),
+        status=event["status"],
+        stage=event["stage"],
+        message=event["message"],
+        created_at=event["created_at"],
+        credential=event["credential"],
+    )
 
 
 def record(job: JobRow, event_id: int, created_at: dt.datetime, credential: str | None = None) -> JobEventRecord:

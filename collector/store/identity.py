@@ -92,11 +92,18 @@ def claim(row: JobRow, cluster: str | None) -> None:
 def find_for_read(conn: Connection, job_id: str, cluster: str | None) -> JobRow:
     """The row a read or delete means, by the same rule as a write without a cluster."""
     if cluster:
-        row = conn.execute(_ROW_ON_CLUSTER, {"cluster": cluster, "job_id": job_id}).mappings().first()
-        if row is None:
+        rows = [dict(row) for row in conn.execute(_ROW_ON_CLUSTER, {"cluster": cluster, "job_id": job_id}).mappings()]
+    else:
+        rows = _rows(conn, job_id)
+    return pick_for_read(rows, job_id, cluster)
+
+
+def pick_for_read(rows: list[JobRow], job_id: str, cluster: str | None) -> JobRow:
+    """The row a read means among ``rows``: the job id's rows, or with ``cluster`` its row there (if any)."""
+    if cluster:
+        if not rows:
             raise NotFound(f"job {job_id} not found on cluster {cluster}")
-        return dict(row)
-    rows = _rows(conn, job_id)
+        return rows[0]
     bare = next((r for r in rows if r["cluster"] == NO_CLUSTER), None)
     if bare is not None:
         return bare

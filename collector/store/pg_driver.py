@@ -41,8 +41,8 @@ from collector.models import UTCDateTime
 from collector.store.core import table
 
 JOBS = table(Job)
-_COLUMNS = [c.name for c in JOBS.c]
-_MUTABLE = [name for name in _COLUMNS if name != "id"]
+COLUMNS = [c.name for c in JOBS.c]
+_MUTABLE = [name for name in COLUMNS if name != "id"]
 _TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime))
 _JSON = frozenset(c.name for c in JOBS.c if c.type is JSONDocument)
 
@@ -80,7 +80,7 @@ LOCK_JOB_ID = statement("collector_lock_job_id", "SELECT pg_advisory_xact_lock(%
 # its snapshot once the lock is held, so it sees whatever the previous holder committed.
 LOCKED_ROWS_OF_JOB_ID = statement(
     "collector_locked_rows",
-    f"SELECT {', '.join(_COLUMNS)} FROM collector_locked_rows(%(namespace)s, %(job_id)s)",
+    f"SELECT {', '.join(COLUMNS)} FROM collector_locked_rows(%(namespace)s, %(job_id)s)",
 )
 
 _UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".format(
@@ -362,6 +362,14 @@ def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if row[name] is not None:
                 row[name] = row[name].astimezone(dt.UTC)
     return rows
+
+
+def in_utc(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every timestamp in UTC, as SQLAlchemy's UTCDateTime columns give them."""
+    for name, value in row.items():
+        if type(value) is dt.datetime:
+            row[name] = value.astimezone(dt.UTC)
+    return row
 
 
 def row_params(row: dict[str, Any]) -> dict[str, Any]:
