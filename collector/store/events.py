@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
 from sqlalchemy import Connection
@@ -15,6 +16,7 @@ from collector.models import JobEvent
 from collector.store import pg_driver
 from collector.store import sqlite_driver
 from collector.store.core import table
+from collector.store.identity import JOBS
 from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
@@ -157,12 +159,20 @@ def feed(
         (rows,) = pg_driver.execute_all(conn, [pg_driver.Query(statement, params)], commit=True)
         return [_record_of(pg_driver.in_utc(row)) for row in rows]
     # SQLite: every committed id is readable (no horizon).
-    query = select(*_RECORD_COLUMNS).join(Job, Job.id == JobEvent.job_pk).where(JobEvent.id > after)
-    if job_id is not None:
-        query = query.where(Job.job_id == job_id)
-    if cluster is not None:
-        query = query.where(Job.cluster == cluster)
-    return [_record(row) for row in conn.execute(query.order_by(JobEvent.id).limit(limit))]
+    filters = {"j.job_id": job_id, "j.cluster": cluster}
+    values = [value for value in filters.values() if value is not None]
+    read = _sqlite_feed(tuple(name for name, value in filters.items() if value is not None))
+    return [_record_of(row) for row in sqlite_driver.fetch(conn, read, [after, *values, limit])]
+
+
+@functools.cache
+def _sqlite_feed(filters: tuple[str, ...]) -> sqlite_driver.Read:
+    where = " AND ".join(["e.id > ?", *(f"{name} = ?" for name in filters)])
+    return sqlite_driver.read(
+        "SELECT e.id, j.job_id, j.cluster, e.status, e.stage, e.message, e.created_at, e.credential "
+        f"FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE {where} ORDER BY e.id LIMIT ?",
+        [EVENTS.c.id, JOBS.c.job_id, JOBS.c.cluster, EVENTS.c.status, EVENTS.c.stage, EVENTS.c.message,
+         EVENTS.c.created_at, EVENTS.c.credential])
 
 
 def next_cursor(events: list[JobEventRecord], after: int) -> int | None:

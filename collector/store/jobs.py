@@ -19,6 +19,7 @@ from collector.store import clusters
 from collector.store import counts
 from collector.store import events
 from collector.store import pg_driver
+from collector.store import sqlite_driver
 from collector.store import writes
 from collector.store.identity import JOBS
 from collector.store.identity import NO_CLUSTER
@@ -259,6 +260,14 @@ DETAIL_SLURM = pg_driver.statement("collector_detail_slurm", (
     f"FROM jobs j JOIN slurm_jobs s ON s.job_pk = j.id WHERE {_DETAIL_OF}"))
 
 
+_EVENTS_OF_JOB = sqlite_driver.read(
+    "SELECT id, status, stage, message, created_at, credential FROM job_events WHERE job_pk = ? ORDER BY id",
+    [events.EVENTS.c[name] for name in ("id", "status", "stage", "message", "created_at", "credential")])
+_SLURM_OF_JOB = sqlite_driver.read(
+    "SELECT state, reason, state_since, observed_at, gone_since FROM slurm_jobs WHERE job_pk = ?",
+    [clusters.SLURM.c[name] for name in ("state", "reason", "state_since", "observed_at", "gone_since")])
+
+
 def detail(conn: Connection, job_id: str, cluster: str | None) -> JobDetail:
     """One job with its ordered event history."""
     if is_postgres(conn):
@@ -271,8 +280,12 @@ def detail(conn: Connection, job_id: str, cluster: str | None) -> JobDetail:
         own = [pg_driver.in_utc(event) for event in stored if event["job_pk"] == row["id"]]
         view = next((clusters.slurm_of(pg_driver.in_utc(s)) for s in slurm if s["job_pk"] == row["id"]), None)
         return _detail(row, [events.stored(row, event) for event in own], view)
-    row = find_for_read(conn, job_id, cluster)
-    return _detail(row, events.job_events(conn, row["id"]), clusters.slurm_view(conn, row["id"]))
+    # SQLite: the same reads one by one, straight to sqlite3 (one writer, no network).
+    row = pick_for_read([r for r in sqlite_driver.job_rows(conn, job_id) if not cluster or r["cluster"] == cluster],
+                        job_id, cluster)
+    history = [events.stored(row, event) for event in sqlite_driver.fetch(conn, _EVENTS_OF_JOB, (row["id"],))]
+    view = next((clusters.slurm_of(s) for s in sqlite_driver.fetch(conn, _SLURM_OF_JOB, (row["id"],))), None)
+    return _detail(row, history, view)
 
 
 def _detail(row: JobRow, history: list[JobEventRecord], slurm: SlurmView | None) -> JobDetail:

@@ -8,7 +8,9 @@ of what a POST to ``collector serve`` cost (docs/performance.md). These statemen
 fixed text handed to the sqlite3 connection SQLAlchemy holds for the transaction. Values
 go through the very type processors SQLAlchemy's SQLite dialect uses, so timestamps,
 JSON and booleans are stored exactly as its own statements store them and read back the
-same way; errors are raised as SQLAlchemy's. Everything else goes through SQLAlchemy.
+same way; errors are raised as SQLAlchemy's. The reads people and agents make most (a
+job's detail, the event feed) come here the same way (``read``, ``fetch``). Everything
+else goes through SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sqlite3
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from typing import cast
 
@@ -58,8 +61,20 @@ def _values(binds: tuple[tuple[str, Processor | None], ...], params: dict[str, A
             for name, process in binds]
 
 
-_SELECT_ROWS = f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs WHERE job_id = ? ORDER BY id"
-_ROW_RESULTS = tuple((name, _result(JOBS.c[name])) for name in _JOB_COLUMNS)
+@dataclass(frozen=True)
+class Read:
+    """A fixed SELECT, and how each column it returns becomes what SQLAlchemy would give."""
+
+    sql: str
+    results: tuple[tuple[str, Processor | None], ...]
+
+
+def read(sql: str, columns: Sequence[Column[Any]]) -> Read:
+    """``sql``, whose result columns are ``columns`` (their names are the rows' keys)."""
+    return Read(sql, tuple((column.name, _result(column)) for column in columns))
+
+
+_SELECT_ROWS = read(f"SELECT {', '.join(_JOB_COLUMNS)} FROM jobs WHERE job_id = ? ORDER BY id", list(JOBS.c))
 _INSERTED = tuple(name for name in _JOB_COLUMNS if name != "id")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(_INSERTED)}) VALUES ({', '.join('?' * len(_INSERTED))})"
 _INSERT_JOB_BINDS = _binds(JOBS, _INSERTED)
@@ -88,11 +103,16 @@ def begin(conn: Connection, *, immediate: bool) -> None:
 
 def job_rows(conn: Connection, job_id: str) -> list[dict[str, Any]]:
     """Every row with ``job_id`` (one per cluster), oldest first, as SQLAlchemy would read them."""
-    with _driver(conn, _SELECT_ROWS) as driver:
-        stored = driver.execute(_SELECT_ROWS, (job_id,)).fetchall()
+    return fetch(conn, _SELECT_ROWS, (job_id,))
+
+
+def fetch(conn: Connection, query: Read, params: Sequence[Any]) -> list[dict[str, Any]]:
+    """The rows ``query`` returns in the transaction, as SQLAlchemy would read them."""
+    with _driver(conn, query.sql) as driver:
+        stored = driver.execute(query.sql, params).fetchall()
     return [
         {name: value if process is None or value is None else process(value)
-         for (name, process), value in zip(_ROW_RESULTS, values, strict=True)}
+         for (name, process), value in zip(query.results, values, strict=True)}
         for values in stored
     ]
 
