@@ -139,14 +139,8 @@ def watch(conn: Connection, cluster: str, limit: int = 10_000) -> list[str]:
     return list(conn.scalars(query))
 
 
-def slurm_view(conn: Connection, job_pk: int) -> SlurmView | None:
-    """What the probe last saw of one job, or None when no probe asked about it."""
-    row = conn.execute(select(SLURM).where(SLURM.c.job_pk == job_pk)).mappings().first()
-    return None if row is None else slurm_of(row)
-
-
-def slurm_of(row: RowMapping | dict[str, Any]) -> SlurmView:
-    """The view of one ``slurm_jobs`` row."""
+def slurm_of(row: dict[str, Any]) -> SlurmView:
+    """What the probe last saw of one job: the view of its ``slurm_jobs`` row."""
     return SlurmView(state=row["state"], reason=row["reason"], since=row["state_since"],
                      observed_at=row["observed_at"], gone_since=row["gone_since"])
 

@@ -8,10 +8,15 @@ rarely share a row lock. Readers sum both, at most STRIPES + 1 rows per pair.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection
+from sqlalchemy import Select
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import insert
+from sqlalchemy import literal_column
 from sqlalchemy import select
 from sqlalchemy import text
 from sqlalchemy import union_all
@@ -61,12 +66,19 @@ def move(conn: Connection, old: Key | None, new: Key | None) -> None:
 
 def total(conn: Connection, *, status: str | None = None, cluster: str | None = None) -> int:
     """How many jobs match the list filters."""
-    query = select(func.coalesce(func.sum(ALL_COUNTS.c.jobs), 0))
-    if status is not None:
-        query = query.where(ALL_COUNTS.c.status == status)
-    if cluster is not None:
-        query = query.where(ALL_COUNTS.c.cluster == cluster)
-    return int(conn.execute(query).scalar_one())
+    params = {name: value for name, value in (("status", status), ("cluster", cluster)) if value is not None}
+    return int(conn.execute(total_query(by_status=status is not None, by_cluster=cluster is not None),
+                            params).scalar_one())
+
+
+def total_query(*, by_status: bool, by_cluster: bool) -> Select[Any]:
+    """The count of jobs (as ``total``) of a status and/or a cluster, bound as ``status`` and ``cluster``."""
+    query = select(func.coalesce(func.sum(ALL_COUNTS.c.jobs), literal_column("0")).label("total"))
+    if by_status:
+        query = query.where(ALL_COUNTS.c.status == bindparam("status"))
+    if by_cluster:
+        query = query.where(ALL_COUNTS.c.cluster == bindparam("cluster"))
+    return query
 
 
 def by_cluster(conn: Connection) -> dict[str, dict[str, int]]:
