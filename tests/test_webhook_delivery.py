@@ -419,9 +419,10 @@ def test_a_fan_out_reads_the_feed_from_its_cursor_not_from_the_start(postgres, s
         read = conn.execute(text("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables "
                                  "WHERE relname = 'job_events'")).scalar()
     assert fanned == deliveries.FanOut(0, more=False)
-    # The 11 events after the cursor, and the planner's look at the index's ends (it
-    # fetches a row or two there to estimate the range): 13 here, 20,013 before.
-    assert 11 <= read <= 15
+    # The 11 events after the cursor, and the planner's look at the index's ends to
+    # estimate the range (a few rows, more when dead ones lie there): 13 to 17 seen, and
+    # 20,013 before the fix.
+    assert 11 <= read < 100
     assert postgres.scalar("SELECT position FROM webhook_cursor WHERE id = 1") == latest
 
 
