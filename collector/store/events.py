@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy import Row
 from sqlalchemy import select
 
 from collector.contract import JobEventRecord
-from collector.models import Job
 from collector.models import JobEvent
 from collector.store import pg_driver
 from collector.store import sqlite_driver
@@ -21,40 +20,14 @@ from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
 from collector.store.identity import wire_cluster
 
-_RECORD_COLUMNS = (
-    JobEvent.id,
-    Job.job_id,
-    Job.cluster,
-    JobEvent.status,
-    JobEvent.stage,
-    JobEvent.message,
-    JobEvent.created_at,
-    JobEvent.credential,
-)
-
-
-# id, job_id, cluster, status, stage, message, created_at, credential: the columns above.
-_RecordRow = Row[int, str, str, str, str | None, str | None, dt.datetime, str | None]
-
-
-def _record(row: _RecordRow) -> JobEventRecord:
-    return JobEventRecord(
-        id=row.id,
-        job_id=row.job_id,
-        cluster=wire_cluster(row.cluster),
-        status=row.status,
-        stage=row.stage,
-        message=row.message,
-        created_at=row.created_at,
-        credential=row.credential,
-    )
-
-
-def _record_of(row: dict[str, Any]) -> JobEventRecord:
-    return JobEventRecord(**{**row, "cluster": wire_cluster(row["cluster"])})
-
-
 EVENTS = table(JobEvent)
+_RECORD_COLUMNS = (EVENTS.c.id, JOBS.c.job_id, JOBS.c.cluster, EVENTS.c.status, EVENTS.c.stage, EVENTS.c.message,
+                   EVENTS.c.created_at, EVENTS.c.credential)
+
+
+def _record_of(row: Mapping[Any, Any]) -> JobEventRecord:
+    # A row of _RECORD_COLUMNS (as _FEED_SELECT reads them).
+    return JobEventRecord(**{**row, "cluster": wire_cluster(row["cluster"])})
 
 
 def append_if_changed(
@@ -114,13 +87,18 @@ def job_events(conn: Connection, job_pk: int, *, after: int = 0, limit: int | No
     """
     query = (
         select(*_RECORD_COLUMNS)
-        .join(Job, Job.id == JobEvent.job_pk)
-        .where(JobEvent.job_pk == job_pk, JobEvent.id > after)
-        .order_by(JobEvent.id)
+        .join(JOBS, JOBS.c.id == EVENTS.c.job_pk)
+        .where(EVENTS.c.job_pk == job_pk, EVENTS.c.id > after)
+        .order_by(EVENTS.c.id)
     )
     if limit is not None:
         query = query.limit(limit)
-    return [_record(row) for row in conn.execute(query)]
+    return [_record_of(row) for row in conn.execute(query).mappings()]
+
+
+# The feed's columns as fixed text, for both databases' drivers.
+_FEED_SELECT = ("SELECT e.id, j.job_id, j.cluster, e.status, e.stage, e.message, e.created_at, e.credential "
+                "FROM job_events e JOIN jobs j ON j.id = e.job_pk")
 
 
 def _feed_statement(by_job: bool, by_cluster: bool) -> pg_driver.Statement:
@@ -128,11 +106,8 @@ def _feed_statement(by_job: bool, by_cluster: bool) -> pg_driver.Statement:
     where = ["e.id > %(after)s", "e.id < collector_feed_horizon()"]
     where += ["j.job_id = %(job_id)s"] if by_job else []
     where += ["j.cluster = %(cluster)s"] if by_cluster else []
-    return pg_driver.statement(
-        f"collector_feed_{int(by_job)}{int(by_cluster)}",
-        "SELECT e.id, j.job_id, j.cluster, e.status, e.stage, e.message, e.created_at, e.credential "
-        f"FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE {' AND '.join(where)} ORDER BY e.id "
-        "LIMIT %(limit)s")
+    return pg_driver.statement(f"collector_feed_{int(by_job)}{int(by_cluster)}",
+                               f"{_FEED_SELECT} WHERE {' AND '.join(where)} ORDER BY e.id LIMIT %(limit)s")
 
 
 # The feed on PostgreSQL: one prepared statement, with BEGIN and COMMIT in its round trip
@@ -168,11 +143,8 @@ def feed(
 @functools.cache
 def _sqlite_feed(filters: tuple[str, ...]) -> sqlite_driver.Read:
     where = " AND ".join(["e.id > ?", *(f"{name} = ?" for name in filters)])
-    return sqlite_driver.read(
-        "SELECT e.id, j.job_id, j.cluster, e.status, e.stage, e.message, e.created_at, e.credential "
-        f"FROM job_events e JOIN jobs j ON j.id = e.job_pk WHERE {where} ORDER BY e.id LIMIT ?",
-        [EVENTS.c.id, JOBS.c.job_id, JOBS.c.cluster, EVENTS.c.status, EVENTS.c.stage, EVENTS.c.message,
-         EVENTS.c.created_at, EVENTS.c.credential])
+    return sqlite_driver.read(f"{_FEED_SELECT} WHERE {where} ORDER BY e.id LIMIT ?",
+                              list(_RECORD_COLUMNS))
 
 
 def next_cursor(events: list[JobEventRecord], after: int) -> int | None:

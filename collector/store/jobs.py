@@ -258,8 +258,7 @@ DETAIL_EVENTS = pg_driver.statement("collector_detail_events", (
 DETAIL_SLURM = pg_driver.statement("collector_detail_slurm", (
     "SELECT s.job_pk, s.state, s.reason, s.state_since, s.observed_at, s.gone_since "
     f"FROM jobs j JOIN slurm_jobs s ON s.job_pk = j.id WHERE {_DETAIL_OF}"))
-
-
+# On SQLite the same reads go one by one, by the row's key, straight to sqlite3.
 _EVENTS_OF_JOB = sqlite_driver.read(
     "SELECT id, status, stage, message, created_at, credential FROM job_events WHERE job_pk = ? ORDER BY id",
     [events.EVENTS.c[name] for name in ("id", "status", "stage", "message", "created_at", "credential")])
@@ -280,7 +279,6 @@ def detail(conn: Connection, job_id: str, cluster: str | None) -> JobDetail:
         own = [pg_driver.in_utc(event) for event in stored if event["job_pk"] == row["id"]]
         view = next((clusters.slurm_of(pg_driver.in_utc(s)) for s in slurm if s["job_pk"] == row["id"]), None)
         return _detail(row, [events.stored(row, event) for event in own], view)
-    # SQLite: the same reads one by one, straight to sqlite3 (one writer, no network).
     row = pick_for_read([r for r in sqlite_driver.job_rows(conn, job_id) if not cluster or r["cluster"] == cluster],
                         job_id, cluster)
     history = [events.stored(row, event) for event in sqlite_driver.fetch(conn, _EVENTS_OF_JOB, (row["id"],))]
