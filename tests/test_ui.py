@@ -479,6 +479,8 @@ def test_logs_tab_tails_a_growing_file_strips_ansi_filters_and_downloads(collect
     page.select_option("#interval", "2000")
     page.click("#jobs-body tr[data-key$='1000']")
     page.click("#detail [role=tab][data-tab=logs]")
+    # The file list arrives after the tab opens: wait for it, then read it whole.
+    page.wait_for_selector("ul.files button[data-file='worker.out']")
     assert page.locator("ul.files button").all_inner_texts() == ["sub/other.err 1 B", "worker.out 35 B"]
     page.click("ul.files button[data-file='worker.out']")
     page.wait_for_selector("pre.log:text('step 1')")
