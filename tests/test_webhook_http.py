@@ -49,6 +49,22 @@ def test_deliveries_to_one_receiver_share_a_kept_alive_connection(receivers):
 
 
 
+def test_routes_are_remembered_per_url_up_to_a_bound_and_still_found_past_it(receivers, monkeypatch):
+    # A URL's route (proxy or not, the request target) is found once; past ROUTES_KEPT URLs
+    # the memory starts over rather than grow, and every POST still reaches its receiver.
+    monkeypatch.setattr(webhook_http, "ROUTES_KEPT", 2)
+    receiver = Recorder(script=script())
+    try:
+        urls = [f"{receiver.url}/hook/{n}" for n in range(3)]
+        results = [receivers.post(url, b"{}", {"Content-Type": "application/json"}) for url in urls + urls[:1]]
+    finally:
+        receiver.close()
+    assert results == [(204, None)] * 4
+    assert [r.path for r in receiver.requests] == ["/hook/0", "/hook/1", "/hook/2", "/hook/0"]
+    # Two remembered, then cleared for the third, then the first found again.
+    assert sorted(receivers._routes) == [urls[0], urls[2]]
+
+
 def test_idle_connections_are_kept_for_the_receivers_used_last_and_no_more_per_receiver(receivers, monkeypatch):
     monkeypatch.setattr(webhook_http, "RECEIVERS_KEPT", 2)
     monkeypatch.setattr(webhook_http, "IDLE_PER_RECEIVER", 1)
