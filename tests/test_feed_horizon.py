@@ -140,3 +140,41 @@ def test_the_upgrade_puts_new_ids_above_the_sequence_ones(postgres, new_database
                                   "SELECT id, 'y', now() FROM jobs"))
     finally:
         engine.dispose()
+
+
+def _id_functions(conn) -> dict[str, tuple[str, int, int]]:
+    """Each id function's language, its value and the value its definition says, in one transaction."""
+    languages = dict(conn.execute(text(
+        "SELECT p.proname, l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+        "WHERE p.proname IN ('collector_event_id', 'collector_feed_horizon')")).all())
+    row = conn.execute(text(
+        "SELECT collector_event_id() AS event_id, collector_feed_horizon() AS horizon, "
+        "pg_current_xact_id()::text::bigint AS xid, "
+        "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin, "
+        "(SELECT shift FROM event_id_shift) AS shift")).one()
+    return {
+        "collector_event_id": (languages["collector_event_id"], row.event_id, row.xid + row.shift),
+        "collector_feed_horizon": (languages["collector_feed_horizon"], row.horizon, row.xmin + row.shift),
+    }
+
+
+def test_the_id_functions_keep_their_plans_and_their_values_across_revision_0014(postgres, new_database):
+    url = new_database()
+    migrations.upgrade(url)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE event_id_shift SET shift = 1000"))
+        for revision, language in (("head", "plpgsql"), ("0013", "sql"), ("head", "plpgsql")):
+            if revision == "head":
+                migrations.upgrade(url)
+            else:
+                migrations.downgrade(url, revision)
+            with engine.begin() as conn:
+                for name, (found, value, defined) in _id_functions(conn).items():
+                    # PL/pgSQL keeps its SELECT's plan per session; a SQL function reading a
+                    # table is planned again by every statement that calls it.
+                    assert (name, found) == (name, language)
+                    assert value == defined
+    finally:
+        engine.dispose()
