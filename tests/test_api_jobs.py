@@ -327,6 +327,25 @@ def test_clustered_write_claims_cluster_less_row(api):
     assert api.get("/api/jobs").json()["total"] == 2
 
 
+def test_each_write_appends_an_event_iff_its_report_changed_and_moves_a_count_iff_its_status_or_cluster_did(
+        api, database):
+    # (status, stage, cluster) of each PUT, then how many events the job has after it.
+    steps = [
+        ("starting", "starting", None, 1),  # a new row: event and count
+        ("starting", "head_infrastructure", None, 2),  # an event, the same count
+        ("starting", "head_infrastructure", "c1", 2),  # claimed by c1: the count moves, no event
+        ("starting", "head_infrastructure", "c1", 2),  # a repeat: neither
+        ("workers", "workers", "c1", 3),  # both
+    ]
+    for status, stage, cluster, events in steps:
+        metadata = {"cluster": cluster} if cluster else {}
+        assert put(api, "46", status, stage=stage, metadata=metadata).status_code == 200
+        job = detail(api, "46")
+        assert (job["status"], job["stage"], job["cluster"], len(job["events"])) == (status, stage, cluster, events)
+        assert database.count_of(cluster or "", status) == 1
+        database.assert_counts_match_jobs()
+
+
 def test_reported_cluster_is_stripped_like_the_posted_one(api):
     api.post("/api/jobs", json={**SUBMIT, "job_id": "45", "cluster": " b200 "})
     put(api, "45", "workers", metadata={"cluster": "b200 "})

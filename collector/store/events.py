@@ -44,7 +44,7 @@ def append_if_changed(
     if before == current:
         return None
     # SQLite: BEGIN IMMEDIATE admits one writer at a time, so AUTOINCREMENT ids commit in
-    # order. PostgreSQL appends through pg_driver.SAVE_WITH_EVENT instead.
+    # order. PostgreSQL appends through pg_driver.SAVE_EXISTING instead.
     values = dict(job_pk=job["id"], status=current[0], stage=current[1], message=current[2], created_at=created_at,
                   credential=credential)
     event_id = sqlite_driver.insert_event(conn, values)

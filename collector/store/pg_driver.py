@@ -105,14 +105,19 @@ _COUNTED = (
 # the commit and serialise every writer again; each process's stream hub announces its
 # writes after they commit instead, collector/fanout.py.)
 EVENT_CHANNEL = "collector_events"
-SAVE_WITH_EVENT = statement("collector_save_with_event", (
-    f"WITH {_UPDATED}, "
+_EVENT = (
     "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
-    "VALUES (%(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s) RETURNING id), "
-    + _COUNTED
-    + " SELECT id FROM event"
-))
-SAVE_WITHOUT_EVENT = statement("collector_save_without_event", f"WITH {_UPDATED}, " + _COUNTED + " SELECT NULL")
+    "VALUES (%(pk)s, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s) RETURNING id)"
+)
+# A stored job's row, with its event or without, keyed by (appends an event, moves a
+# count). A write that leaves the job in its (cluster, status), a new stage or message,
+# skips the count's upsert altogether (about 40 µs of server time, docs/performance.md).
+SAVE_EXISTING = {
+    (True, True): statement("collector_save_with_event", f"WITH {_UPDATED}, {_EVENT}, {_COUNTED} SELECT id FROM event"),
+    (True, False): statement("collector_save_with_event_uncounted", f"WITH {_UPDATED}, {_EVENT} SELECT id FROM event"),
+    (False, True): statement("collector_save_without_event", f"WITH {_UPDATED}, {_COUNTED} SELECT NULL"),
+    (False, False): statement("collector_save_without_event_uncounted", f"WITH {_UPDATED} SELECT NULL"),
+}
 # A new job: its row, its first event and its count in one statement, so a POST that
 # creates a job is two round trips like any other write. The event's job_pk comes from
 # the row inserted in the same statement (RETURNING), and both ids come back.

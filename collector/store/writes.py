@@ -2,7 +2,7 @@
 
 SQLite runs them as separate statements (one writer at a time, no network), handed to
 the sqlite3 connection itself (store/sqlite_driver.py). PostgreSQL gets one statement
-for all three (pg_driver.SAVE_WITH_EVENT, or SAVE_NEW_JOB for a job not stored yet),
+for all three (pg_driver.SAVE_EXISTING, or SAVE_NEW_JOB for a job not stored yet),
 because on a shared collector the per-statement cost is most of what a lifecycle PUT
 costs, and takes no lock beyond the job's and its count rows', so writers of different
 jobs commit together.
@@ -85,11 +85,9 @@ def _save_postgres(conn: Connection, row: JobRow, original: JobRow | None, befor
         row["id"] = event["job_pk"]
         return events.record(row, event["id"], created_at, credential)
     params.update(pk=row["id"], changed=row != original)
-    if before == (row["status"], row["stage"], row["message"]):
-        execute(conn, pg_driver.SAVE_WITHOUT_EVENT, params)
-        return None
-    (event,) = execute(conn, pg_driver.SAVE_WITH_EVENT, params)
-    return events.record(row, event["id"], created_at, credential)
+    appends = before != (row["status"], row["stage"], row["message"])
+    rows = execute(conn, pg_driver.SAVE_EXISTING[appends, moved], params)
+    return events.record(row, rows[0]["id"], created_at, credential) if appends else None
 
 
 def _count_key(row: JobRow | None) -> counts.Key | None:
