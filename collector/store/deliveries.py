@@ -19,6 +19,7 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy import Select
 from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import exists
@@ -236,13 +237,21 @@ def _runs(conn: Connection, query: Query) -> list[list[Claimed]]:
     return list(runs.values())
 
 
-def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
-    """Whether there are events to fan out, and deliveries due: a read, so an idle tick writes nothing."""
+def _work_probe(*, below_horizon: bool) -> Select[bool, bool]:
     position = select(CURSOR.c.position).where(CURSOR.c.id == 1).scalar_subquery()
     newer = select(EVENTS.c.id).where(EVENTS.c.id > position)
-    if (settled := event_ids.below_horizon(conn, EVENTS.c.id)) is not None:
-        newer = newer.where(settled)
-    row = conn.execute(select(exists(newer), exists(_DUE)), {"now": now}).one()
+    if below_horizon:
+        newer = newer.where(EVENTS.c.id < event_ids.HORIZON)
+    return select(exists(newer), exists(_DUE))
+
+
+# Built once per backend: every process runs the probe at every poll.
+_WORK = {True: _work_probe(below_horizon=True), False: _work_probe(below_horizon=False)}
+
+
+def work(conn: Connection, now: dt.datetime) -> tuple[bool, bool]:
+    """Whether there are events to fan out, and deliveries due: a read, so an idle tick writes nothing."""
+    row = conn.execute(_WORK[is_postgres(conn)], {"now": now}).one()
     return bool(row[0]), bool(row[1])
 
 

@@ -158,7 +158,7 @@ def is_dead(driver: psycopg.Connection, exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _driver(conn: Connection, sql: str) -> Iterator[psycopg.Connection[Any]]:
+def _driver(conn: Connection, statements: list[Statement]) -> Iterator[psycopg.Connection[Any]]:
     """The transaction's psycopg connection; its errors are raised as SQLAlchemy's.
 
     As if SQLAlchemy had run the statement, so the error handlers and the dead-connection
@@ -172,6 +172,7 @@ def _driver(conn: Connection, sql: str) -> Iterator[psycopg.Connection[Any]]:
         dead = is_dead(driver, exc)
         if dead:
             conn.invalidate(exc)
+        sql = "; ".join(statement.text for statement in statements)  # only now: errors are rare
         raise DBAPIError.instance(sql, None, exc, psycopg.Error, hide_parameters=True,
                                   connection_invalidated=dead, dialect=conn.dialect) from exc
 
@@ -232,13 +233,14 @@ def locked_job_rows(conn: Connection, namespace: int, job_id: str,
 
 def _run(conn: Connection, queries: list[Query], commit: bool) -> list[list[dict[str, Any]]]:
     """Run ``queries`` in order in one round trip; fills each one's rows and returns them."""
-    with _driver(conn, "; ".join(query.statement.text for query in queries)) as driver:
+    with _driver(conn, [query.statement for query in queries]) as driver:
         tx = Transformer.from_context(driver)
         # One simple-protocol query: [BEGIN;] then for each statement [PREPARE ...;]
         # EXECUTE name(literals), [; COMMIT]. psycopg would send a BEGIN of its own and
         # wait for it before anything else goes. Each command has one result, in order.
         parts: list[bytes] = []
         sent: list[Query | Statement | None] = []  # per command: whose rows, whose PREPARE, or neither
+        preparing = False
         if driver.info.transaction_status == pq.TransactionStatus.IDLE and not driver.autocommit:
             parts.append(b"BEGIN")
             sent.append(None)
@@ -248,6 +250,7 @@ def _run(conn: Connection, queries: list[Query], commit: bool) -> list[list[dict
             if statement.name not in prepared:
                 parts.append(statement.prepare)
                 sent.append(statement)
+                preparing = True
             if statement.parameters:
                 arguments = b", ".join([literal(tx, query.params[name]) for name in statement.parameters])
                 parts.append(statement.execute + b"(" + arguments + b")")
@@ -261,20 +264,26 @@ def _run(conn: Connection, queries: list[Query], commit: bool) -> list[list[dict
             driver.pgconn.send_query(b"; ".join(parts))
             results = driver.wait(generators.execute(driver.pgconn))
         # After an error the server skips the rest: zip stops at the error's result.
-        for what, result in zip(sent, results, strict=False):
+        for what, result in zip(sent, results, strict=False) if preparing else ():
             if isinstance(what, Statement) and result.command_status == b"PREPARE":
                 prepared.add(what.name)  # even when the EXECUTE after it failed
         for what, result in zip(sent, results, strict=False):
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
             if isinstance(what, Query):
-                what.rows = _dicts(tx, result) if result.status == pq.ExecStatus.TUPLES_OK else []
+                what.rows = _dicts(tx, result, what.statement) if result.status == pq.ExecStatus.TUPLES_OK else []
         return [query.rows or [] for query in queries]
 
 
-def _dicts(tx: abc.Transformer, rows: pq.abc.PGresult) -> list[dict[str, Any]]:
-    # fname is None only past the last column.
-    names = [rows.fname(i).decode() for i in range(rows.nfields)]  # type: ignore[union-attr]
+# Each statement's column names, read from its first result: a fixed statement's columns never change.
+_names: dict[str, list[str]] = {}
+
+
+def _dicts(tx: abc.Transformer, rows: pq.abc.PGresult, statement: Statement) -> list[dict[str, Any]]:
+    names = _names.get(statement.name)
+    if names is None:
+        # fname is None only past the last column.
+        names = _names[statement.name] = [rows.fname(i).decode() for i in range(rows.nfields)]  # type: ignore[union-attr]
     tx.set_pgresult(rows)
     return tx.load_rows(0, rows.ntuples, lambda values: dict(zip(names, values, strict=True)))
 
@@ -288,7 +297,7 @@ def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str,
     ``bytes`` in binary (as they are) and the rest as text, each statement part of one
     libpq pipeline: [BEGIN,] [Parse,] the statement [, COMMIT], one Sync, one round trip.
     """
-    with _driver(conn, statement.text) as driver:
+    with _driver(conn, [statement]) as driver:
         tx = Transformer.from_context(driver)
         values = [params[name] for name in statement.parameters]
         buffers = tx.dump_sequence(values, [PyFormat.BINARY if type(v) is bytes else PyFormat.TEXT for v in values])
@@ -330,7 +339,7 @@ def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str,
                     prepared.add(statement.name)
                 if what == "EXECUTE" and result.status == pq.ExecStatus.TUPLES_OK:
                     rows = result
-        return [] if rows is None else _dicts(tx, rows)
+        return [] if rows is None else _dicts(tx, rows, statement)
 
 
 def literal(tx: abc.Transformer, value: Any) -> bytes:
