@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     database = db.Database(settings)
     db.init_app(app, database)
     fanout.init_app(app, database, settings)
-    metrics.init_app(app, database)
+    metrics.init_app(app, database, fanout.get_hub(app))
     janitor.init_app(app, database, settings)
     webhook_delivery.init_app(app, database, settings)
     cluster_stream.init_app(app, database)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+import weakref
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from flask import Blueprint
 from flask import Flask
@@ -34,8 +36,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import Engine
-from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import QueuePool
 
 from collector import per_process
 from collector.cluster_contract import Health
@@ -47,6 +49,9 @@ from collector.store import activity
 from collector.store import clusters
 from collector.store import deliveries
 from collector.store import event_ids
+
+if TYPE_CHECKING:
+    from collector.fanout import Hub  # fanout counts streams here: a runtime import would be circular
 
 log = logging.getLogger("collector")
 
@@ -120,6 +125,9 @@ for _kind in ("logs", "captures"):
     INGESTED_BYTES.labels(kind=_kind)  # present at 0 from the start, so rate() has a base
 _CHECKED_OUT = POOL_CONNECTIONS.labels(state="checked_out")
 _IDLE = POOL_CONNECTIONS.labels(state="idle")
+# How often each process writes its pools' gauges: a scrape sees the others' at most this late.
+POOL_SAMPLE_S = 1.0
+_pooled: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 bp = Blueprint("metrics", __name__)
 
@@ -128,6 +136,7 @@ bp = Blueprint("metrics", __name__)
 @operation(responses={200: {"text/plain": EXPOSITION}})
 def scrape() -> Response:
     """Prometheus metrics of every process of this collector."""
+    sample_pools()  # this process's pools as they are now; the other workers' as last sampled
     return Response(generate_latest(_Scrape(get_db())), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -272,32 +281,36 @@ def stream_closed() -> None:
 
 
 def watch_pool(engine: Engine) -> None:
-    """Keep the pool gauges in step with ``engine``'s pool.
+    """Count ``engine``'s pool in the pool gauges from the next sample on (``sample_pools``)."""
+    _pooled.add(engine)
 
-    Counted from the pool's events rather than sampled at scrape time, because in
-    multiprocess mode the scraping worker cannot sample the other workers' pools; each
-    worker's file holds its own counts and the scrape adds up the live workers'.
-    Idle counts open connections in the pool: one closed while checked out (invalidated)
-    is off the idle count until it is checked in, and a reconnect counts it again.
+
+def sample_pools() -> None:
+    """Set the pool gauges from this process's pools as they are now.
+
+    Each process samples its own pools (every ``POOL_SAMPLE_S``, and at a scrape it
+    answers): in multiprocess mode the scraping worker cannot read the other workers'
+    pools, so each worker's file holds its own counts and the scrape adds up the live
+    workers'. Sampled rather than counted from the pools' checkout and checkin events,
+    which wrote the metric files four times per request (docs/performance.md). Idle counts
+    the connections waiting in a pool.
     """
-    event.listen(engine, "connect", lambda *_: _IDLE.inc())
-    event.listen(engine, "close", lambda *_: _IDLE.dec())
-    event.listen(engine, "checkout", _checked_out)
-    event.listen(engine, "checkin", _checked_in)
+    pools = [engine.pool for engine in list(_pooled)]
+    kept = [pool for pool in pools if isinstance(pool, QueuePool)]  # the others keep no connections
+    _CHECKED_OUT.set(sum(pool.checkedout() for pool in kept))
+    _IDLE.set(sum(pool.checkedin() for pool in kept))
 
 
-def _checked_out(*_: object) -> None:
-    _IDLE.dec()
-    _CHECKED_OUT.inc()
+def _sample_pools_until_closed(hub: Hub) -> None:
+    while not hub.closed:
+        sample_pools()
+        hub.wait_closed(POOL_SAMPLE_S)
 
 
-def _checked_in(*_: object) -> None:
-    _CHECKED_OUT.dec()
-    _IDLE.inc()
-
-
-def init_app(app: Flask, database: Database) -> None:
-    """Count ``app``'s requests and ``database``'s pool, and serve ``/metrics``."""
+def init_app(app: Flask, database: Database, hub: Hub) -> None:
+    """Count ``app``'s requests and ``database``'s pool (sampled until ``hub`` closes), and serve ``/metrics``."""
     watch_pool(database.engine)
+    sampler = per_process.PerProcess("collector-pool-gauges", lambda: _sample_pools_until_closed(hub))
+    per_process.keep_running(app, sampler.ensure_running)
     app.after_request(_observe)
     app.register_blueprint(bp)

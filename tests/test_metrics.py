@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import os
 import re
 import runpy
@@ -26,6 +27,7 @@ from collector import credentials
 from collector import metrics
 from collector.app import create_app
 from collector.db import Database
+from collector.db import get_db_of
 from collector.openapi import document
 from collector.settings import Settings
 from collector.settings import SettingsError
@@ -214,17 +216,19 @@ def test_open_streams_gauge_follows_streams(serve):
     wait_for(lambda: value(scrape(server.url), STREAMS) == before, what="release of every stream")
 
 
+def pool_gauges():
+    return tuple(REGISTRY.get_sample_value(POOL, {"state": state}) for state in ("checked_out", "idle"))
+
+
 def test_pool_gauges_follow_checkouts_and_checkins(database):
     pool = Database(Settings(database_url=database.url))
     metrics.watch_pool(pool.engine)
-
-    def gauges():
-        return tuple(REGISTRY.get_sample_value(POOL, {"state": state}) for state in ("checked_out", "idle"))
-
-    base = gauges()
+    metrics.sample_pools()
+    base = pool_gauges()
 
     def moved():
-        return tuple(now - then for now, then in zip(gauges(), base, strict=True))
+        metrics.sample_pools()
+        return tuple(now - then for now, then in zip(pool_gauges(), base, strict=True))
 
     first, second = pool.engine.connect(), pool.engine.connect()
     assert moved() == (2, 0)
@@ -236,6 +240,23 @@ def test_pool_gauges_follow_checkouts_and_checkins(database):
         assert moved() == (1, 1)  # an idle connection reused, none opened
     pool.dispose()
     assert moved() == (0, 0)
+    del first, second, pool
+    gc.collect()
+    assert moved() == (0, 0)  # a pool no longer in use is no longer counted
+
+
+def test_each_process_samples_its_pools_without_a_scrape(serve):
+    server = serve()
+    assert server.get("/api/jobs").status_code == 200  # the first request starts the sampler thread
+    assert server.app is not None
+    engine = get_db_of(server.app).engine
+    wait_for(lambda: pool_gauges()[0] is not None, timeout=3 * metrics.POOL_SAMPLE_S, what="a first sample")
+    base = pool_gauges()
+    with engine.connect():
+        wait_for(lambda: pool_gauges()[0] - base[0] == 1, timeout=3 * metrics.POOL_SAMPLE_S,
+                 what="the sampler to count the checked-out connection")
+    wait_for(lambda: pool_gauges()[0] == base[0], timeout=3 * metrics.POOL_SAMPLE_S,
+             what="the sampler to count it back in")
 
 
 # -- auth and settings --------------------------------------------------------------
@@ -383,8 +404,11 @@ def test_gunicorn_workers_add_up_and_a_killed_worker_keeps_its_counts(database, 
         assert value(samples, REQUESTS, route=JOB_ROUTE, method="PUT", status="200") == sent
         assert value(samples, EVENTS) == sent
         assert 29 <= value(samples, AGE, cluster="mp") <= 120  # computed by the scraping worker, now
-        assert value(samples, POOL, state="idle") >= 2 and value(samples, POOL, state="checked_out") >= 0
         assert value(samples, STREAMS) == 0
+        # Each worker's pool as it last sampled it: both idle connections within a sampling interval.
+        wait_for(lambda: value(pooled := scrape(server.url), POOL, state="idle") >= 2
+                 and value(pooled, POOL, state="checked_out") == 0,
+                 timeout=5 * metrics.POOL_SAMPLE_S, what="both workers' idle connections in the pool gauge")
 
         victim = workers[0]
         live = directory / f"gauge_livesum_{victim}.db"
