@@ -96,6 +96,10 @@ class Database:
     def __init__(self, settings: Settings) -> None:
         self.engine = make_engine(settings)
         self.is_sqlite = settings.is_sqlite
+        # SQLite writers' connections take the write lock at BEGIN (_tune_sqlite). The
+        # option is set once on an engine that shares the pool, not copied onto each
+        # request's connection.
+        self._writer_engine = self.engine.execution_options(**{WRITE_OPTION: True}) if self.is_sqlite else self.engine
         self._sqlite_writer = threading.Lock()
 
     def _writer_turn(self, write: bool) -> contextlib.AbstractContextManager[object]:
@@ -116,11 +120,9 @@ class Database:
         """
         for attempt in (1, 2):
             try:
-                with self._writer_turn(write), self.engine.connect() as conn:
-                    if write and self.is_sqlite:
-                        conn = conn.execution_options(**{WRITE_OPTION: True})
-                    with conn.begin():
-                        return work(conn)
+                engine = self._writer_engine if write else self.engine
+                with self._writer_turn(write), engine.connect() as conn, conn.begin():
+                    return work(conn)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
                     raise
