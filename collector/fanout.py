@@ -150,6 +150,14 @@ class Hub:
             self._changed.notify_all()
         self._poked.set()
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds, after close(), for the feed reader to end; whether it has (or never ran)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def wait_closed(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for close(); whether the hub is closed."""
         with self._changed:

@@ -65,13 +65,13 @@ class Janitor:
         self._swept_lock = threading.Lock()
         self.leadership = sweeper.leadership(database)
         self.leading = False
-        self._thread = PerProcess("collector-janitor", self._run)
+        self.thread = PerProcess("collector-janitor", self._run)
         # lead() runs in the janitor thread; resign() also at shutdown, from another one.
         self._role_lock = threading.Lock()
 
     def ensure_running(self) -> None:
         """Start the janitor thread in this process if it is not running (cheap; every request calls it)."""
-        self._thread.ensure_running()
+        self.thread.ensure_running()
 
     def _run(self) -> None:
         try:
@@ -182,7 +182,7 @@ def init_app(app: Flask, database: Database, settings: Settings) -> None:
     """Give ``app`` a janitor, started in each process at its first request (at boot under gunicorn)."""
     janitor = Janitor(database, settings, fanout.get_hub(app), keyring=app.extensions["collector.keyring"])
     app.extensions["collector.janitor"] = janitor
-    keep_running(app, janitor.ensure_running)
+    keep_running(app, janitor.thread)
 
 
 def get_janitor(app: Flask) -> Janitor:

@@ -311,6 +311,6 @@ def init_app(app: Flask, database: Database, hub: Hub) -> None:
     """Count ``app``'s requests and ``database``'s pool (sampled until ``hub`` closes), and serve ``/metrics``."""
     watch_pool(database.engine)
     sampler = per_process.PerProcess("collector-pool-gauges", lambda: _sample_pools_until_closed(hub))
-    per_process.keep_running(app, sampler.ensure_running)
+    per_process.keep_running(app, sampler)
     app.after_request(_observe)
     app.register_blueprint(bp)

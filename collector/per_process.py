@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +42,7 @@ class PerProcess:
         self.name = name
         self.target = target
         self._pid: int | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def ensure_running(self) -> None:
@@ -50,22 +52,45 @@ class PerProcess:
         with self._lock:
             if self._pid != pid():
                 self._pid = pid()
-                threading.Thread(target=self.target, name=self.name, daemon=True).start()
+                self._thread = threading.Thread(target=self.target, name=self.name, daemon=True)
+                self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for this process's thread to end; whether it has (or never started).
+
+        The target must have been told to stop first (the app's hub closed).
+        """
+        thread = self._thread
+        if thread is None or self._pid != pid():
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
 
 
-def keep_running(app: Flask, ensure_running: Callable[[], None]) -> None:
-    """Have each process of ``app`` call ``ensure_running`` at its first request, and gunicorn's workers at boot.
+def keep_running(app: Flask, runner: PerProcess) -> None:
+    """Have each process of ``app`` start ``runner`` at its first request, and gunicorn's workers at boot.
 
     One request hook serves every such thread: the write path pays for one call, however
     many background threads there are.
     """
-    starters: list[Callable[[], None]] = app.extensions.setdefault("collector.per_process", [])
-    if not starters:
+    runners: list[PerProcess] = app.extensions.setdefault("collector.per_process", [])
+    if not runners:
         app.before_request(lambda: start_all(app.extensions))
-    starters.append(ensure_running)
+    runners.append(runner)
 
 
 def start_all(extensions: Mapping[str, Any]) -> None:
     """Make sure every background thread of the app (by its ``extensions``) runs in this process."""
-    for ensure_running in extensions.get("collector.per_process", ()):
-        ensure_running()
+    for runner in extensions.get("collector.per_process", ()):
+        runner.ensure_running()
+
+
+def join_all(extensions: Mapping[str, Any], timeout: float) -> list[str]:
+    """Wait for the app's background threads here to end (its hub closed first); the names of any still running.
+
+    Their last statements (a janitor giving up its role, a dispatcher recording answers)
+    are done when this returns an empty list.
+    """
+    deadline = time.monotonic() + timeout
+    return [runner.name for runner in extensions.get("collector.per_process", ())
+            if not runner.join(max(deadline - time.monotonic(), 0))]

@@ -110,12 +110,12 @@ class Dispatcher:
         self._answers: queue.SimpleQueue[list[deliveries.Answer]] = queue.SimpleQueue()  # a run's, together
         self._woken = threading.Event()
         self._in_flight = 0  # touched by the loop only
-        self._thread = PerProcess("collector-webhooks", self._run)
+        self.thread = PerProcess("collector-webhooks", self._run)
         self._receivers = webhook_http.Receivers()  # the environment's proxies read once, here
 
     def ensure_running(self) -> None:
         """Start the delivery thread in this process if it is not running (cheap; every request calls it)."""
-        self._thread.ensure_running()
+        self.thread.ensure_running()
 
     def _run(self) -> None:
         # A forked child inherits the parent's state, not its senders or its connections.
@@ -227,7 +227,7 @@ def init_app(app: Flask, database: Database, settings: Settings) -> None:
     """Give ``app`` a dispatcher, started in each process at its first request (at boot under gunicorn)."""
     dispatcher = Dispatcher(database, settings, fanout.get_hub(app))
     app.extensions["collector.webhooks"] = dispatcher
-    keep_running(app, dispatcher.ensure_running)
+    keep_running(app, dispatcher.thread)
 
 
 def get_dispatcher(app: Flask) -> Dispatcher:

@@ -16,7 +16,6 @@ from sqlalchemy import Engine
 from sqlalchemy import create_engine
 from sqlalchemy import make_url
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 from werkzeug.serving import BaseWSGIServer
 from werkzeug.serving import make_server
@@ -34,6 +33,7 @@ from tests.helpers import WAIT_MS
 from tests.helpers import LiveServer
 from tests.helpers import Recorder
 from tests.helpers import Script
+from tests.helpers import stop_app
 
 PG_URL = os.environ.get("COLLECTOR_TEST_DATABASE_URL")
 # CI sets this: a skipped test is then a failure, except a PostgreSQL-only test in the
@@ -76,17 +76,9 @@ class TestDatabase:
 
     def clean(self) -> None:
         if self.is_postgres:
-            # The previous test's server may still be finishing a read across two of these
-            # tables; the TRUNCATE's locks can then meet it in a deadlock, which PostgreSQL
-            # resolves by failing one side: try again (CI saw it once in a fixture).
-            for attempt in range(5):
-                try:
-                    with self.engine.begin() as conn:
-                        conn.execute(text(f"TRUNCATE {', '.join(CLEANED)} RESTART IDENTITY CASCADE"))
-                    return
-                except OperationalError as exc:
-                    if attempt == 4 or "deadlock detected" not in str(exc):
-                        raise
+            with self.engine.begin() as conn:
+                conn.execute(text(f"TRUNCATE {', '.join(CLEANED)} RESTART IDENTITY CASCADE"))
+            return
         with self.engine.begin() as conn:
             # Children first: this inspection engine does not turn on SQLite's foreign keys.
             for table in CLEANED:
@@ -187,7 +179,7 @@ def serve(database: TestDatabase) -> Iterator[Callable[..., LiveServer]]:
         server.shutdown()
         thread.join(timeout=10)
         server.server_close()
-        app.extensions["collector.db"].dispose()
+        stop_app(app)
 
 
 @pytest.fixture

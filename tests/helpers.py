@@ -32,6 +32,7 @@ from typing import TypeVar
 import requests
 from flask import Flask
 
+from collector import per_process
 from collector.contract import format_timestamp
 from collector.janitor import Janitor
 from collector.janitor import get_janitor
@@ -49,6 +50,21 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 WAIT_MS = 10_000
 
 # -- waiting and time ------------------------------------------------------------------
+
+
+def stop_app(app: Flask) -> None:
+    """Stop an in-process app's threads and wait for them, then close its pool.
+
+    Closing the hub ends its streams and tells every background thread to stop; their last
+    statements (a janitor giving up its role, a dispatcher recording answers) are done
+    before the next test empties the tables, which could otherwise meet them in a deadlock.
+    Call it after the app's HTTP server has stopped taking requests.
+    """
+    hub = app.extensions["collector.streams"]
+    hub.close()
+    assert per_process.join_all(app.extensions, timeout=10) == [], "background threads still running"
+    assert hub.join(timeout=10), "the feed reader is still running"
+    app.extensions["collector.db"].dispose()
 
 
 def wait_for(check: Callable[[], T | None], timeout: float = 15.0, what: str = "the condition",

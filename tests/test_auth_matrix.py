@@ -29,6 +29,7 @@ from collector.openapi import document
 from collector.settings import Settings
 from tests.helpers import LiveServer
 from tests.helpers import raw_exchange
+from tests.helpers import stop_app
 
 OWN = "mx-own"  # the cluster every recipe writes to
 OTHER = "mx-other"  # the only cluster of the credential that may not write there
@@ -216,7 +217,7 @@ def matrix(database, tmp_path_factory) -> Iterator[Matrix]:
         httpd.shutdown()
         thread.join(timeout=10)
         httpd.server_close()
-        app.extensions["collector.db"].dispose()
+        stop_app(app)
 
 
 def _seed(server: LiveServer) -> None:

@@ -8,14 +8,17 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import uuid
 
 import pytest
 import requests
+from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from collector import per_process
 from collector.app import create_app
 from collector.janitor import get_janitor
 from collector.settings import Settings
@@ -24,6 +27,7 @@ from collector.store.identity import JOB_LOCK
 from collector.sweeper import APPLICATION_NAME
 from collector.sweeper import SWEEPER_LOCK
 from collector.sweeper import lock_path
+from tests.helpers import stop_app
 from tests.helpers import wait_for
 from tests.processes import ServerProcess
 from tests.processes import child_env
@@ -55,7 +59,7 @@ def janitors(database):
     for app in apps:
         get_janitor(app).hub.close()
         get_janitor(app).resign("the test ended")
-        app.extensions["collector.db"].dispose()
+        stop_app(app)
 
 
 def counting_sweeps(janitor) -> list:
@@ -232,3 +236,23 @@ def test_a_killed_sweeper_is_replaced_within_one_interval(database):
         assert events(server, job_id) == ["submitted", "failed"]
     finally:
         assert server.stop() == 0, server.output
+
+
+def test_join_all_waits_for_each_background_thread_and_names_the_ones_still_running():
+    stop, finished = threading.Event(), []
+
+    def work():
+        stop.wait()
+        time.sleep(0.2)  # its last statement, after it was told to stop
+        finished.append(True)
+
+    app = Flask(__name__)
+    runner = per_process.PerProcess("collector-test-runner", work)
+    idle = per_process.PerProcess("collector-test-never-started", work)
+    per_process.keep_running(app, runner)
+    per_process.keep_running(app, idle)
+    runner.ensure_running()
+    assert per_process.join_all(app.extensions, timeout=0.1) == ["collector-test-runner"]
+    stop.set()
+    assert per_process.join_all(app.extensions, timeout=5) == []
+    assert finished == [True]
