@@ -7,6 +7,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from typing import TypeVar
 
 from flask import Flask
@@ -60,7 +61,28 @@ def make_engine(settings: Settings) -> Engine:
         connect_args={"connect_timeout": 5, "prepare_threshold": None, "client_encoding": "utf8"},
     )
     event.listen(engine, "handle_error", _mark_dead_connections)
+    event.listen(engine, "connect", _widen_backend_heap)
     return engine
+
+
+# Larger than any upload's peak in a backend: a 1 MiB chunk (the reporter's largest, and
+# the body limit) is a 2 MiB message buffer, its 1 MiB parameter and its compressed copy.
+BACKEND_HEAP_PRIMER = 4 * 1024 * 1024
+
+
+def _widen_backend_heap(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    """Have a new backend allocate and free one large block, so its heap stops shrinking after each upload.
+
+    PostgreSQL allocates through glibc's malloc, which trims the top of the heap back to
+    the kernel once more than twice its mmap threshold lies free there. The threshold
+    starts at 128 KiB and rises only to the size of an mmapped block when one is freed
+    (mallopt(3)). A 256 KiB log chunk takes about 1 MiB at its peak, so without this a
+    backend gave that memory back after every upload and faulted it in again for the next:
+    about 100 page faults and a quarter of an upload's server CPU (docs/performance.md).
+    Freeing one 4 MiB block lifts the threshold past every upload's peak, once per
+    session; other allocators ignore it.
+    """
+    dbapi_connection.pgconn.exec_(b"SELECT length(repeat(' ', %d))" % BACKEND_HEAP_PRIMER)
 
 
 def _mark_dead_connections(context: ExceptionContext) -> None:
