@@ -170,6 +170,8 @@ def client_waits(trace: str) -> list[list[str]]:
     waits: list[list[str]] = []
     sent: list[str] = []
     for line in trace.splitlines():
+        if line.count("\t") < 2:
+            continue  # the rest of a statement SQLAlchemy wrote over several lines
         direction, _, message, *payload = line.split("\t")
         if direction == "F":
             kind = message.split(" ")[0]
@@ -539,3 +541,49 @@ def test_a_backend_killed_before_a_statement_with_bytes_is_replayed_on_a_new_con
 
     assert watched.database.run(work, write=True) == [{"n": 300_000}]
     assert len(attempts) == 2 and attempts[0] != attempts[1]
+
+
+def test_a_log_upload_where_its_file_ends_is_one_round_trip(watched, postgres, tmp_path):
+    """collector_append_log_at_end() stores a streamer's next bytes in one round trip, and declines everything else.
+
+    A declined attempt changes nothing: the general path (two round trips) then applies
+    its own rules, so each case ends as it would without the attempt.
+    """
+    job_id, cluster = f"pg-log-{uuid.uuid4().hex[:8]}", "pg-log"
+    now = dt.datetime.now(dt.UTC)
+
+    def upload(offset: int, data: bytes, final: bool = False, on: str | None = cluster) -> tuple[Any, int]:
+        result, waits = traced_waits(watched, tmp_path / "libpq.trace", lambda conn: log_store.upload(
+            conn, job_id, on, [("w.out", offset, data, final)], now=now))
+        return result, len(waits)
+
+    def stored() -> tuple[Any, ...]:
+        return postgres.row("SELECT f.size, f.stored_end, f.done, count(c.*) FROM jobs j JOIN blob_files f"
+                            " ON f.job_pk = j.id LEFT JOIN blob_chunks c ON c.file_id = f.id WHERE j.job_id = :j"
+                            " GROUP BY f.id", j=job_id)
+
+    appended = log_store.Appended
+    # No job or file yet: the attempt declines, the general path makes both (lock and
+    # read, the placeholder, the file and its chunk).
+    assert upload(0, b"abc") == ((True, [appended(True, 3)]), 4)
+    assert upload(3, b"def") == ((False, [appended(True, 3)]), 1)
+    assert stored() == (6, 6, False, 2)
+    # Without a cluster, the job's only row: still one round trip.
+    assert upload(6, b"gh", on=None) == ((False, [appended(True, 2)]), 1)
+    assert stored() == (8, 8, False, 3)
+    # A resend, a gap, bytes filling it, empty bytes, a final mark: the general path's rules decide.
+    assert upload(3, b"def") == ((False, [appended(False, 0)]), 2)  # and COMMIT, after the trace
+    assert upload(12, b"mn") == ((False, [appended(True, 2)]), 3)
+    assert stored() == (8, 14, False, 4)
+    assert upload(8, b"ijkl") == ((False, [appended(True, 4)]), 6)  # a gap closed: a statement per step
+    assert stored() == (14, 14, False, 5)
+    assert upload(14, b"") == ((False, [appended(False, 0)]), 1)  # nothing to send: no attempt
+    assert upload(14, b"", final=True) == ((False, [appended(True, 0)]), 2)
+    assert stored() == (14, 14, True, 5)
+    assert postgres.scalar("SELECT string_agg(c.data, '' ORDER BY c.start_offset) FROM jobs j JOIN blob_files f"
+                           " ON f.job_pk = j.id JOIN blob_chunks c ON c.file_id = f.id WHERE j.job_id = :j",
+                           j=job_id) == b"abcdefghijklmn"
+    # Once final, even bytes at the end go the general way, which refuses them.
+    with pytest.raises(Conflict, match=r"bytes 14-16 of w.out lie past the end it was finalized at \(14\)"):
+        upload(14, b"op")
+    assert stored() == (14, 14, True, 5)

@@ -54,16 +54,8 @@ def upload_logs(job_id: str) -> Response:
         chunks = [(query.file, query.offset, read_body(), query.final)]
     cluster, credential = write_cluster(cluster), writer()
 
-    def store(conn: Connection) -> tuple[bool, list[log_store.Appended]]:
-        # A single upload's file and bytes around it are read with the job's lock, in its round trip.
-        first = log_store.prefetch(job_id, *chunks[0][:3]) if len(chunks) == 1 else None
-        job_pk, _, created = job_store.ensure(conn, job_id, cluster, now, credential=credential, prefetch=first)
-        last = len(chunks) - 1
-        return created, [log_store.append(conn, job_pk, name, offset, data, final=final, now=now, commit=i == last,
-                                          prefetched=first)
-                         for i, (name, offset, data, final) in enumerate(chunks)]
-
-    created, appended = transaction(store, write=True)
+    created, appended = transaction(
+        lambda conn: log_store.upload(conn, job_id, cluster, chunks, now=now, credential=credential), write=True)
     # Counted after the commit: a rolled-back upload (a 409) stored nothing.
     metrics.stored_upload("logs", sum(a.new_bytes for a in appended), created)
     if created:

@@ -15,9 +15,13 @@ from typing import NamedTuple
 from sqlalchemy import Connection
 
 from collector.store import blobs
+from collector.store import jobs
 from collector.store import pg_driver
 from collector.store.errors import Conflict
 from collector.store.errors import NotFound
+from collector.store.identity import JOB_LOCK
+from collector.store.identity import NO_CLUSTER
+from collector.store.identity import is_postgres
 
 # A read returns at most this many bytes of the file (the reporter's chunk size).
 MAX_READ_BYTES = 1024 * 1024
@@ -27,11 +31,33 @@ def _range_conflict(name: str, lo: int, hi: int, why: str) -> Conflict:
     return Conflict(f"bytes {lo}-{hi} of {name} {why}", file=name, range=[lo, hi])
 
 
+Chunk = tuple[str, int, bytes, bool]  # file name, offset, bytes, final
+
+
 class Appended(NamedTuple):
     """What an upload changed: anything at all (bytes or the final mark), and how many bytes are new."""
 
     changed: bool
     new_bytes: int
+
+
+def upload(conn: Connection, job_id: str, cluster: str | None, chunks: list[Chunk], *, now: dt.datetime,
+           credential: str | None = None) -> tuple[bool, list[Appended]]:
+    """Store an upload's chunks on its job (a placeholder if it has none yet).
+
+    Whether the job was created, and what each chunk changed.
+    """
+    if len(chunks) == 1 and not chunks[0][3]:
+        # A streamer's next bytes, where its file ends: one round trip on PostgreSQL.
+        name, offset, data, _ = chunks[0]
+        if append_at_end(conn, job_id, cluster, name, offset, data, now=now):
+            return False, [Appended(True, len(data))]
+    # A single upload's file and the bytes around it are read with the job's lock, in its round trip.
+    first = prefetch(job_id, *chunks[0][:3]) if len(chunks) == 1 else None
+    job_pk, _, created = jobs.ensure(conn, job_id, cluster, now, credential=credential, prefetch=first)
+    last = len(chunks) - 1
+    return created, [append(conn, job_pk, name, offset, data, final=final, now=now, commit=i == last, prefetched=first)
+                     for i, (name, offset, data, final) in enumerate(chunks)]
 
 
 def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *, final: bool,
@@ -96,6 +122,29 @@ def append(conn: Connection, job_pk: int, name: str, offset: int, data: bytes, *
     lo, hi = new_ranges[0] if new_ranges else (end, end)
     blobs.write(conn, file, lo, data[lo - offset:hi - offset] if new_ranges else None, commit=commit)
     return Appended(True, new_bytes)
+
+
+# Revision 0015: the job's lock, and the upload stored if it lands where its file ends.
+APPEND_AT_END = pg_driver.statement("collector_append_log_at_end", (
+    "SELECT collector_append_log_at_end(%(namespace)s::integer, %(job_id)s::text, %(cluster)s::text, %(key)s::text, "
+    "%(offset)s::bigint, %(data)s::bytea, %(now)s::timestamptz) AS file_id"))
+
+
+def append_at_end(conn: Connection, job_id: str, cluster: str | None, name: str, offset: int, data: bytes, *,
+                  now: dt.datetime) -> bool:
+    """Store ``data`` and commit, in one round trip, if it is new bytes where the job's file ends (PostgreSQL).
+
+    False when it is not that case, or on SQLite: then nothing was stored, and ``append``
+    (after ``jobs.ensure``) applies the general rules. A streamer's uploads after its
+    first are this case; the first creates the file, so it goes the general way.
+    """
+    blobs.end_of(name, offset, data)  # 422 past the largest offset, before anything is sent
+    if not data or not is_postgres(conn):
+        return False
+    (row,) = pg_driver.execute_with_bytes(conn, APPEND_AT_END, {
+        "namespace": JOB_LOCK, "job_id": job_id, "cluster": cluster or NO_CLUSTER, "key": blobs.name_key(name),
+        "offset": offset, "data": data, "now": now}, commit=True)
+    return row["file_id"] is not None
 
 
 def prefetch(job_id: str, name: str, offset: int, data: bytes) -> pg_driver.Query:
