@@ -300,7 +300,12 @@ def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str,
     with _driver(conn, [statement]) as driver:
         tx = Transformer.from_context(driver)
         values = [params[name] for name in statement.parameters]
-        buffers = tx.dump_sequence(values, [PyFormat.BINARY if type(v) is bytes else PyFormat.TEXT for v in values])
+        # bytes go as they are, in binary: dumping them would copy them once more.
+        binary = [type(value) is bytes for value in values]
+        dumped = tx.dump_sequence([None if raw else value for value, raw in zip(values, binary, strict=True)],
+                                  [PyFormat.TEXT] * len(values))
+        buffers = [value if raw else text for value, text, raw in zip(values, dumped, binary, strict=True)]
+        formats = [pq.Format.BINARY if raw else pq.Format.TEXT for raw in binary]
         prepared = _prepared.setdefault(driver, set())
         prepares = statement.name not in prepared
         pgconn, name = driver.pgconn, statement.name.encode()
@@ -314,7 +319,17 @@ def execute_with_bytes(conn: Connection, statement: Statement, params: dict[str,
                 if prepares:
                     pgconn.send_prepare(name, statement.body)
                     sent.append("PREPARE")
-                pgconn.send_query_prepared(name, buffers, param_formats=tx.formats)
+                # libpq writes the bytes to the socket while it queues the statement (past 64 KiB
+                # queued), and psycopg lets go of the GIL for that call only: in blocking mode
+                # the call sends them all, instead of leaving the rest to the Sync's flush below,
+                # which holds the GIL while the kernel copies them (an eighth of a log upload's
+                # GIL time). libpq reads the server's answers while it waits to send, so the
+                # two sides cannot block each other.
+                nonblocking, pgconn.nonblocking = pgconn.nonblocking, 0
+                try:
+                    pgconn.send_query_prepared(name, buffers, param_formats=formats)
+                finally:
+                    pgconn.nonblocking = nonblocking
                 sent.append("EXECUTE")
                 if commit:
                     pgconn.send_query_params(b"COMMIT", None)
