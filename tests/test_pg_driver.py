@@ -226,8 +226,9 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
 
     assert (result.status, result.event is not None) == ("workers", True)
     assert watched.status_in_work == [TransactionStatus.IDLE]
-    # The POST before it, on the same connection, prepared the lock and read.
-    assert waits == [PREPARED_TWO_ROUND_TRIPS[0], TWO_ROUND_TRIPS[1]], waits
+    # The first PUT on the connection prepares the lock and read and the write (the POST
+    # before it made a new job in one round trip, with statements of its own).
+    assert waits == TWO_ROUND_TRIPS, waits
     put = put.model_copy(update={"status": JobStatus.BENCHMARK, "stage": JobStage.BENCHMARK})
     result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                  lambda conn: job_store.update(conn, job_id, put, cluster="pg-driver"))
@@ -239,7 +240,8 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
 
 
 @pytest.mark.parametrize("first_write", ["post", "put"])
-def test_a_new_job_is_two_round_trips_with_its_row_event_and_count(watched, postgres, tmp_path, first_write):
+def test_a_new_job_gets_its_row_event_and_count_in_one_statement(watched, postgres, tmp_path, first_write):
+    """A POST of a new job is one round trip (the lock, then the insert unless a row exists); a first PUT two."""
     job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
     cluster = f"pg-new-{first_write}-{uuid.uuid4().hex[:6]}"
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -248,14 +250,16 @@ def test_a_new_job_is_two_round_trips_with_its_row_event_and_count(watched, post
         result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                      lambda conn: job_store.submit(conn, payload, credential="tok-a"))
         expected: tuple[str, str | None, str | None, bool] = ("submitted", None, None, False)
+        round_trips = [["BEGIN", "PREPARE", "EXECUTE", "PREPARE", "EXECUTE", "COMMIT"]]
     else:
         payload = JobUpdatePayload(status=JobStatus.WORKERS, stage=JobStage.WORKERS, message="up",
                                    updated_at=now, metadata={"cluster": cluster})
         result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                      lambda conn: job_store.update(conn, job_id, payload, credential="tok-a"))
         expected = ("workers", "workers", "up", True)
+        round_trips = TWO_ROUND_TRIPS
 
-    assert waits == TWO_ROUND_TRIPS, waits
+    assert waits == round_trips, waits
     assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE]
     job = postgres.row("SELECT id, status, stage, message, is_placeholder FROM jobs WHERE job_id = :j", j=job_id)
     assert job[1:] == expected
@@ -418,8 +422,9 @@ def test_a_log_upload_is_two_round_trips_and_stores_its_bytes_as_sent(watched, p
 
     first, waits = traced_upload(watched, trace, job_id, "pg-driver", data, 0)
     assert first == log_store.Appended(True, len(data))
-    # The POST before it, on the same connection, prepared the lock and read.
-    assert waits == [["BEGIN", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
+    # The general path (a first chunk, api/logs.py's attempt at the file's end declined):
+    # the lock and read with the file's prefetch, then the write.
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
     second, waits = traced_upload(watched, trace, job_id, "pg-driver", data, len(data), final=True)
     assert second == log_store.Appended(True, len(data))
     assert waits == [["BEGIN", "EXECUTE", "EXECUTE"], UPLOAD_EXTENDED], waits
@@ -483,7 +488,9 @@ def test_a_capture_chunk_is_two_round_trips_and_a_retry_only_reads(watched, post
 
     progress, waits = chunk(0, halves[0])
     assert progress == capture_store.Progress(len(halves[0]), False, False, len(halves[0]))
-    assert waits == [["BEGIN", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
+    # The lock and read, first used on this connection (the POST before it made a new job
+    # with statements of its own), with the file's prefetch; then the write.
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE", "PREPARE", "EXECUTE"], ["Parse", *UPLOAD_EXTENDED]], waits
     progress, waits = chunk(len(halves[0]), halves[1])
     assert progress == capture_store.Progress(total, True, True, len(halves[1]))
     assert waits == [["BEGIN", "EXECUTE", "EXECUTE"], UPLOAD_EXTENDED], waits

@@ -101,20 +101,25 @@ def submit(conn: Connection, payload: JobCreatePayload, *, cluster: str | None =
     ``credential`` is who wrote it, kept on the event.
     """
     cluster = payload.cluster or cluster
+    new = _new_row(
+        cluster=cluster or NO_CLUSTER,
+        job_id=payload.job_id,
+        job_name=payload.job_name,
+        is_placeholder=False,
+        status=JobStatus.SUBMITTED.value,
+        recipe=payload.recipe,
+        submitted_at=payload.submitted_at,
+        updated_at=payload.submitted_at,
+        metadata=payload.metadata or None,
+    )
+    if is_postgres(conn):
+        # A new job, the common case, in one round trip; anything else the general way below.
+        event = writes.insert_new_job(conn, new, payload.submitted_at, credential=credential)
+        if event is not None:
+            return _result(new, event)
     row = find_for_write(conn, payload.job_id, cluster)
     if row is None:
-        row = _new_row(
-            cluster=cluster or NO_CLUSTER,
-            job_id=payload.job_id,
-            job_name=payload.job_name,
-            is_placeholder=False,
-            status=JobStatus.SUBMITTED.value,
-            recipe=payload.recipe,
-            submitted_at=payload.submitted_at,
-            updated_at=payload.submitted_at,
-            metadata=payload.metadata or None,
-        )
-        return _result(row, writes.save(conn, row, None, None, payload.submitted_at, commit=True,
+        return _result(new, writes.save(conn, new, None, None, payload.submitted_at, commit=True,
                                         credential=credential))
     original = dict(row)
     claim(row, cluster)

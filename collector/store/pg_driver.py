@@ -33,6 +33,7 @@ from psycopg.adapt import PyFormat
 from psycopg.adapt import Transformer
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 
 from collector.models import Job
@@ -47,6 +48,10 @@ _TIMESTAMPS = frozenset(c.name for c in JOBS.c if isinstance(c.type, UTCDateTime
 _JSON = frozenset(c.name for c in JOBS.c if c.type is JSONDocument)
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
+# Each column's type without its length, for a parameter in a SELECT list (where nothing
+# else says its type); no length, so a value too long still fails as it would in VALUES.
+_CAST = {c.name: re.sub(r"\(\d+\)", "", c.type.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
+         for c in JOBS.c}
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,24 @@ SAVE_NEW_JOB = statement("collector_save_new_job", (
     "SELECT id, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM inserted "
     "RETURNING id, job_pk), "
     + _COUNTED
+    + " SELECT id, job_pk FROM event"
+))
+
+
+# The same, unless a row the write would land on exists (identity.find_for_write: the
+# cluster's own row or the cluster-less one; without a cluster, any row of the job id):
+# then it inserts nothing and returns no row. Run after LOCK_JOB_ID in the same round trip
+# (insert_new_job), so its snapshot, taken when it starts, sees what the lock's previous
+# holder committed.
+SAVE_NEW_JOB_IF_ABSENT = statement("collector_save_new_job_if_absent", (
+    "WITH inserted AS (INSERT INTO jobs ({}) SELECT {} WHERE NOT EXISTS (SELECT FROM jobs j WHERE "
+    "j.job_id = %(job_id)s AND (j.cluster = '' OR j.cluster = %(cluster)s OR %(cluster)s = '')) RETURNING id), ".format(
+        ", ".join(f'"{name}"' for name in _MUTABLE), ", ".join(f"%({name})s::{_CAST[name]}" for name in _MUTABLE)
+    )
+    + "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
+    "SELECT id, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM inserted "
+    "RETURNING id, job_pk), "
+    + _COUNTED.replace("WHERE v.delta <> 0", "WHERE v.delta <> 0 AND EXISTS (SELECT FROM inserted)")
     + " SELECT id, job_pk FROM event"
 ))
 

@@ -20,6 +20,7 @@ from collector.store import counts
 from collector.store import events
 from collector.store import pg_driver
 from collector.store import sqlite_driver
+from collector.store.identity import JOB_LOCK
 from collector.store.identity import JobRow
 from collector.store.identity import is_postgres
 
@@ -48,6 +49,26 @@ def save(
     if original is None:
         row["id"] = sqlite_driver.insert_job(conn, row)
     return _save_sqlite(conn, row, original, before, created_at, credential)
+
+
+def insert_new_job(conn: Connection, row: JobRow, created_at: dt.datetime, *,
+                   credential: str | None = None) -> JobEventRecord | None:
+    """Take the job id's lock and insert ``row`` with its first event and count, then commit: one round trip.
+
+    Unless a row the write would land on exists: then it commits having changed nothing
+    and returns None, and the caller takes the general path (``identity.find_for_write``).
+    PostgreSQL only: a POST at submit time nearly always makes a new job.
+    """
+    key = (row["cluster"], row["status"])
+    params = {**pg_driver.row_params(row), "created_at": created_at, "credential": credential,
+              "namespace": JOB_LOCK, "old_cluster": key[0], "old_status": key[1], "old_delta": 0,
+              "new_cluster": key[0], "new_status": key[1], "new_delta": 1, "stripe": random.randrange(counts.STRIPES)}
+    _, rows = pg_driver.execute_all(conn, [pg_driver.Query(pg_driver.LOCK_JOB_ID, params),
+                                           pg_driver.Query(pg_driver.SAVE_NEW_JOB_IF_ABSENT, params)], commit=True)
+    if not rows:
+        return None
+    row["id"] = rows[0]["job_pk"]
+    return events.record(row, rows[0]["id"], created_at, credential)
 
 
 def _save_sqlite(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
