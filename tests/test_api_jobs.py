@@ -327,6 +327,40 @@ def test_clustered_write_claims_cluster_less_row(api):
     assert api.get("/api/jobs").json()["total"] == 2
 
 
+def test_a_post_lands_where_a_put_would_and_makes_a_row_only_when_none_fits(api, database):
+    """Each case of identity.find_for_write, through POSTs.
+
+    On PostgreSQL a POST first tries to insert a new job in one statement; it must give way
+    to the general rules whenever a row the POST lands on exists.
+    """
+    unclustered = {key: value for key, value in SUBMIT.items() if key != "cluster"}
+
+    def post(**fields) -> dict:
+        response = api.post("/api/jobs", json={**unclustered, "job_id": "61", **fields})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def rows() -> list[tuple]:
+        with database.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT cluster, job_name, is_placeholder, status FROM jobs WHERE job_id = '61' ORDER BY cluster"))]
+
+    put(api, "61", "starting")
+    # A cluster-less placeholder: a POST naming a cluster claims and completes it.
+    assert post(cluster="c1") == {"job_id": "61", "status": "starting", "cluster": "c1"}
+    assert rows() == [("c1", SUBMIT["job_name"], False, "starting")]
+    # No cluster named: the job's only row, not a second one.
+    assert post(job_name="other") == {"job_id": "61", "status": "starting", "cluster": "c1"}
+    # Another cluster named: that cluster's own new row.
+    assert post(cluster="c2") == {"job_id": "61", "status": "submitted", "cluster": "c2"}
+    assert rows() == [("c1", SUBMIT["job_name"], False, "starting"), ("c2", SUBMIT["job_name"], False, "submitted")]
+    assert (database.count_of("c1", "starting"), database.count_of("c2", "submitted")) == (1, 1)
+    # No cluster named, two rows: which one is ambiguous.
+    response = api.post("/api/jobs", json={**unclustered, "job_id": "61"})
+    assert (response.status_code, response.json()["clusters"]) == (409, ["c1", "c2"])
+    assert len(rows()) == 2
+
+
 def test_each_write_appends_an_event_iff_its_report_changed_and_moves_a_count_iff_its_status_or_cluster_did(
         api, database):
     # (status, stage, cluster) of each PUT, then how many events the job has after it.

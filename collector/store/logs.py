@@ -25,13 +25,11 @@ from collector.store.identity import is_postgres
 
 # A read returns at most this many bytes of the file (the reporter's chunk size).
 MAX_READ_BYTES = 1024 * 1024
+Chunk = tuple[str, int, bytes, bool]  # an upload's file name, offset, bytes and final mark
 
 
 def _range_conflict(name: str, lo: int, hi: int, why: str) -> Conflict:
     return Conflict(f"bytes {lo}-{hi} of {name} {why}", file=name, range=[lo, hi])
-
-
-Chunk = tuple[str, int, bytes, bool]  # file name, offset, bytes, final
 
 
 class Appended(NamedTuple):
