@@ -11,6 +11,7 @@ tests fail if a release of either changes it.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -186,12 +187,11 @@ def client_waits(trace: str) -> list[list[str]]:
     return waits
 
 
-# BEGIN, the lock and the read; then the write and COMMIT; each statement prepared on the
-# connection's first use of it. (psycopg alone would wait for its BEGIN, and sync once
-# more after a pipelined commit(): four. A new job's row went through SQLAlchemy between
-# the two: three.)
+# The general write path: BEGIN, the lock and the read; then the write and COMMIT; each
+# statement prepared on the connection's first use of it. (psycopg alone would wait for
+# its BEGIN, and sync once more after a pipelined commit(): four. A new job's row went
+# through SQLAlchemy between the two: three.)
 TWO_ROUND_TRIPS = [["BEGIN", "PREPARE", "EXECUTE"], ["PREPARE", "EXECUTE", "COMMIT"]]
-PREPARED_TWO_ROUND_TRIPS = [["BEGIN", "EXECUTE"], ["EXECUTE", "COMMIT"]]
 
 
 def traced_waits(watched: Watched, trace_path, write) -> tuple[Any, list[list[str]]]:
@@ -213,7 +213,7 @@ def traced_waits(watched: Watched, trace_path, write) -> tuple[Any, list[list[st
     return result, client_waits(trace_path.read_text())
 
 
-def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
+def test_a_put_on_its_stored_job_is_one_round_trip(watched, postgres, tmp_path):
     job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
     submitted = JobCreatePayload(job_id=job_id, job_name="probe", submitted_at=dt.datetime.now(dt.UTC),
                                  cluster="pg-driver")
@@ -226,22 +226,30 @@ def test_a_put_is_two_round_trips(watched, postgres, tmp_path):
 
     assert (result.status, result.event is not None) == ("workers", True)
     assert watched.status_in_work == [TransactionStatus.IDLE]
-    # The first PUT on the connection prepares the lock and read and the write (the POST
-    # before it made a new job in one round trip, with statements of its own).
-    assert waits == TWO_ROUND_TRIPS, waits
+    # BEGIN, collector_put_job() (prepared at its first use on the connection), COMMIT.
+    assert waits == [["BEGIN", "PREPARE", "EXECUTE", "COMMIT"]], waits
     put = put.model_copy(update={"status": JobStatus.BENCHMARK, "stage": JobStage.BENCHMARK})
     result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                  lambda conn: job_store.update(conn, job_id, put, cluster="pg-driver"))
     assert result.status == "benchmark"
-    assert waits == PREPARED_TWO_ROUND_TRIPS, waits
+    assert waits == [["BEGIN", "EXECUTE", "COMMIT"]], waits
+    # A late PUT: the statement declines and commits nothing, the general path applies it.
+    late = put.model_copy(update={"status": JobStatus.WORKERS, "updated_at": submitted.submitted_at})
+    result, waits = traced_waits(watched, tmp_path / "libpq.trace",
+                                 lambda conn: job_store.update(conn, job_id, late, cluster="pg-driver"))
+    assert (result.status, result.late) == ("benchmark", True)
+    assert waits == [["BEGIN", "EXECUTE", "COMMIT"], *TWO_ROUND_TRIPS], waits
     # Every unit of work (the POST's too) went back to the pool idle, with no stray COMMIT.
-    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 3
+    assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE] * 4
     assert postgres.scalar("SELECT status FROM jobs WHERE job_id = :j", j=job_id) == "benchmark"
 
 
 @pytest.mark.parametrize("first_write", ["post", "put"])
 def test_a_new_job_gets_its_row_event_and_count_in_one_statement(watched, postgres, tmp_path, first_write):
-    """A POST of a new job is one round trip (the lock, then the insert unless a row exists); a first PUT two."""
+    """A POST of a new job is one round trip (the lock, then the insert unless a row exists).
+
+    A first PUT is three: collector_put_job() finds no row and declines, then the general path.
+    """
     job_id = f"pg-driver-{uuid.uuid4().hex[:8]}"
     cluster = f"pg-new-{first_write}-{uuid.uuid4().hex[:6]}"
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -257,7 +265,7 @@ def test_a_new_job_gets_its_row_event_and_count_in_one_statement(watched, postgr
         result, waits = traced_waits(watched, tmp_path / "libpq.trace",
                                      lambda conn: job_store.update(conn, job_id, payload, credential="tok-a"))
         expected = ("workers", "workers", "up", True)
-        round_trips = TWO_ROUND_TRIPS
+        round_trips = [["BEGIN", "PREPARE", "EXECUTE", "COMMIT"], *TWO_ROUND_TRIPS]
 
     assert waits == round_trips, waits
     assert watched.notices == [] and watched.status_at_checkin == [TransactionStatus.IDLE]
@@ -594,3 +602,24 @@ def test_a_log_upload_where_its_file_ends_is_one_round_trip(watched, postgres, t
     with pytest.raises(Conflict, match=r"bytes 14-16 of w.out lie past the end it was finalized at \(14\)"):
         upload(14, b"op")
     assert stored() == (14, 14, True, 5)
+
+
+# Documents as reporters send them: nested objects, nulls for "unknown", lists, type changes.
+MERGES: list[tuple[Any, Any]] = [
+    (None, None), (None, {}), ({"a": 1}, None), ({"a": 1}, {}), (None, {"a": None}), ({"a": 1}, {"a": None}),
+    ({"a": None}, {"a": 2}), ({"a": None}, {"a": None}), ({"a": 1}, {"b": 2}),
+    ({"a": {"b": 1, "c": None}}, {"a": {"c": 3, "d": None, "b": None}}), ({"a": {"b": 1}}, {"a": 5}),
+    ({"a": 5}, {"a": {"b": 1}}), ({"a": [1, 2]}, {"a": [3]}), ({"a": {}}, {"a": {}}),
+    ({"x": "s", "y": {"z": {"w": 1}}}, {"x": "t", "y": {"z": {"w": None, "v": [None]}}}),
+]
+
+
+@pytest.mark.parametrize("base_wins", [False, True], ids=["put", "late-put"])
+def test_the_put_statement_merges_documents_as_the_python_rules_do(postgres, base_wins):
+    """collector_merged() (revision 0016) against jobs._merged, which SQLite and the general path run."""
+    for base, patch in MERGES:
+        expected = job_store._merged(base, patch, existing_wins=base_wins)
+        merged = postgres.scalar("SELECT collector_merged(CAST(:base AS jsonb), CAST(:patch AS jsonb), :wins)",
+                                 base=None if base is None else json.dumps(base),
+                                 patch=None if patch is None else json.dumps(patch), wins=base_wins)
+        assert merged == expected, (base, patch)

@@ -148,6 +148,11 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *, cluster:
     reported = payload.metadata or {}
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
     cluster = payload.reported_cluster() or cluster
+    if event_at is None and is_postgres(conn):
+        # A PUT on its job's own row, in order, in one round trip; anything else the general way below.
+        applied = writes.put_stored(conn, job_id, cluster, payload, reported_name, _now(), credential=credential)
+        if applied is not None:
+            return _result(*applied)
     row = find_for_write(conn, job_id, cluster)
     if row is None:
         original = before = None

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from typing import Any
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
 
 from collector.contract import JobEventRecord
+from collector.contract import JobUpdatePayload
 from collector.store import counts
 from collector.store import events
 from collector.store import pg_driver
@@ -69,6 +72,45 @@ def insert_new_job(conn: Connection, row: JobRow, created_at: dt.datetime, *,
         return None
     row["id"] = rows[0]["job_pk"]
     return events.record(row, rows[0]["id"], created_at, credential)
+
+
+# Revision 0016: the PUT applied in the statement, when it lands on its job's own row in order.
+PUT_JOB = pg_driver.statement("collector_put_job", (
+    "SELECT * FROM collector_put_job(%(namespace)s::integer, %(job_id)s::text, %(cluster)s::text, "
+    "%(status)s::text, %(stage)s::text, %(message)s::text, %(started_at)s::timestamptz, "
+    "%(completed_at)s::timestamptz, %(exit_code)s::integer, %(logs_url)s::text, %(benchmark_results)s::jsonb, "
+    "%(artifacts)s::jsonb, %(metadata)s::jsonb, %(reported_name)s::text, %(updated_at)s::timestamptz, "
+    "%(received_at)s::timestamptz, %(credential)s::text, %(stripe)s::smallint)"))
+
+
+def put_stored(conn: Connection, job_id: str, cluster: str | None, payload: JobUpdatePayload,
+               reported_name: str | None, received_at: dt.datetime, *,
+               credential: str | None = None) -> tuple[JobRow, JobEventRecord | None] | None:
+    """Apply a PUT to its job's own stored row in one round trip, commit included (PostgreSQL).
+
+    None, having changed nothing, unless the PUT lands on a stored row with no cluster to
+    claim and is not late: then the caller applies it the general way (``jobs.update``).
+    Otherwise the row's identity and report as they now stand, and the event if one was
+    appended.
+    """
+    def json(value: dict[str, Any] | None) -> Jsonb | None:
+        return None if value is None else Jsonb(value)
+
+    applied = pg_driver.execute_and_commit(conn, PUT_JOB, {
+        "namespace": JOB_LOCK, "job_id": job_id, "cluster": cluster or "", "status": payload.status.value,
+        "stage": payload.stage.value if payload.stage is not None else None, "message": payload.message,
+        "started_at": payload.started_at, "completed_at": payload.completed_at, "exit_code": payload.exit_code,
+        "logs_url": payload.logs_url, "benchmark_results": json(payload.benchmark_results),
+        "artifacts": json(payload.artifacts), "metadata": json(payload.metadata), "reported_name": reported_name,
+        "updated_at": payload.updated_at, "received_at": received_at, "credential": credential,
+        "stripe": random.randrange(counts.STRIPES)})
+    if not applied:
+        return None
+    found = applied[0]
+    row = {"id": found["job_pk"], "job_id": job_id, "cluster": found["cluster"], "status": found["status"],
+           "stage": found["stage"], "message": found["message"]}
+    event = found["event_id"]
+    return row, None if event is None else events.record(row, event, payload.updated_at, credential)
 
 
 def _save_sqlite(conn: Connection, row: JobRow, original: JobRow | None, before: Triple | None,
