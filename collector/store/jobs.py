@@ -197,6 +197,9 @@ def is_late(row: JobRow, updated_at: dt.datetime) -> bool:
 
 def _apply(row: JobRow, payload: JobUpdatePayload) -> None:
     """Apply a PUT that is not late: it sets the status and becomes the job's watermark."""
+    # On PostgreSQL a PUT on its job's own row runs these rules (with _merged and the
+    # placeholder's name) in collector_put_job(), revision 0016: a change here needs a
+    # revision that changes that function the same way.
     status = payload.status.value
     if status != row["status"]:
         # stage and message describe the status they came with; a new status without
