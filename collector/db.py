@@ -42,7 +42,13 @@ def make_engine(settings: Settings) -> Engine:
     url = settings.database_url
     if url.startswith("sqlite"):
         ensure_sqlite_parent(url)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        # A file's pool keeps a connection per request thread, as on PostgreSQL: a new
+        # SQLite connection sets its pragmas and reads the schema again. (An in-memory
+        # database lives in one connection per thread, SQLAlchemy's SingletonThreadPool.)
+        database = make_url(url).database
+        pool = ({} if database in (None, "", ":memory:")
+                else {"pool_size": settings.pool_kept, "max_overflow": settings.pool_max_overflow})
+        engine = create_engine(url, connect_args={"timeout": 30}, **pool)
         _tune_sqlite(engine)
         return engine
     engine = create_engine(

@@ -100,7 +100,7 @@ class Settings:
     # SQLite is migrated on start (one user, one file); PostgreSQL never is, because a
     # shared database is upgraded deliberately, before the new code starts.
     auto_migrate: bool | None = None
-    # PostgreSQL connections a process keeps open; None: request_threads + 2 (see pool_kept).
+    # Database connections a process keeps open; None: request_threads + 2 (see pool_kept).
     pool_size: int | None = None
     pool_max_overflow: int = 10
     # Event streams (docs/api.md, "Streams"). A heartbeat after this many idle seconds
@@ -112,8 +112,8 @@ class Settings:
     # SQLite, a fallback on PostgreSQL while its LISTEN connection is down.
     stream_poll_s: float = 0.5
     # Ordinary requests one process runs at once (collector/admission.py); gunicorn's
-    # thread count per worker is this plus max_streams.
-    request_threads: int = 8
+    # thread count per worker is this plus max_streams. None: see request_threads.
+    threads: int | None = None
     # Streams one process holds at once; each holds a thread (collector/serving.py
     # adds this many threads to every worker, so writes keep theirs).
     max_streams: int = 500
@@ -176,7 +176,7 @@ class Settings:
             stream_max_lifetime_s=_float(env, "COLLECTOR_STREAM_MAX_LIFETIME", 900.0),
             stream_poll_s=_float(env, "COLLECTOR_STREAM_POLL_INTERVAL", 0.5),
             max_streams=_int(env, "COLLECTOR_MAX_STREAMS", 500),
-            request_threads=_int(env, "COLLECTOR_THREADS", 8),
+            threads=_int(env, "COLLECTOR_THREADS", 0) if env.get("COLLECTOR_THREADS") else None,
             log_format=(env.get("COLLECTOR_LOG_FORMAT") or "text").strip().lower(),
             metrics_auth=(env.get("COLLECTOR_METRICS_AUTH") or "").strip().lower() or None,
             stale_grace_s=_float(env, "COLLECTOR_STALE_GRACE", 120.0),
@@ -225,8 +225,23 @@ class Settings:
         return 1 if self.is_sqlite else 2 * (os.cpu_count() or 1)
 
     @property
+    def request_threads(self) -> int:
+        """Ordinary requests a process runs at once: as configured, else two on SQLite and eight on PostgreSQL.
+
+        SQLite's driver lets go of the GIL for every row it steps through, so each row of
+        a list or a feed page hands the GIL to another request thread and waits to get it
+        back. Past two threads (one in Python, one in SQLite or a socket) that traffic
+        took half the process's CPU in the kernel and cut list pages from ~400 to ~230 a
+        second (docs/performance.md, "SQLite: two request threads"). psycopg lets go once
+        per statement, so PostgreSQL workers keep eight.
+        """
+        if self.threads is not None:
+            return self.threads
+        return 2 if self.is_sqlite else 8
+
+    @property
     def pool_kept(self) -> int:
-        """PostgreSQL connections a process keeps open: as configured, else one per request thread and two more.
+        """Database connections a process keeps open: as configured, else one per request thread and two more.
 
         A pool smaller than the requests that run at once closes a connection on nearly
         every return and opens another on the next checkout (a backend started, a login
@@ -264,8 +279,8 @@ class Settings:
                 raise SettingsError(f"{name} must be a positive number of seconds")
         if not self.stale_silence_s >= 0:
             raise SettingsError("stale_silence_s (COLLECTOR_STALE_SILENCE) must be zero (off) or more seconds")
-        if self.request_threads < 1:
-            raise SettingsError("request_threads (COLLECTOR_THREADS) must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise SettingsError("threads (COLLECTOR_THREADS) must be at least 1")
         if not self.queue_timeout_s > 0:
             raise SettingsError("queue_timeout_s (COLLECTOR_QUEUE_TIMEOUT) must be a positive number of seconds")
         if self.pool_size is not None and self.pool_size < 1:

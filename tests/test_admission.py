@@ -21,7 +21,7 @@ SIZE = 24 * MiB
 @pytest.fixture
 def one_slot(serve):
     """A collector that runs one ordinary request at a time."""
-    return serve(write_token="w-" + uuid.uuid4().hex, request_threads=1, stream_heartbeat_s=0.3)
+    return serve(write_token="w-" + uuid.uuid4().hex, threads=1, stream_heartbeat_s=0.3)
 
 
 def held_download(api) -> requests.Response:
@@ -68,7 +68,7 @@ def test_every_answer_gives_its_slot_back(one_slot, path, status):
 @pytest.fixture
 def one_slot_shedding(serve):
     """One slot, and a one-second queue: a request that waits longer is shed."""
-    return serve(write_token="w-" + uuid.uuid4().hex, request_threads=1, queue_timeout_s=1.0)
+    return serve(write_token="w-" + uuid.uuid4().hex, threads=1, queue_timeout_s=1.0)
 
 
 def test_a_request_that_waited_past_the_queue_timeout_is_shed_and_never_run(one_slot_shedding):

@@ -87,7 +87,7 @@ def test_no_token_off_loopback_is_allowed_when_asked(tmp_path):
 
 STREAM_VARIABLES = {"COLLECTOR_STREAM_HEARTBEAT": "2.5", "COLLECTOR_STREAM_MAX_LIFETIME": "60",
                     "COLLECTOR_STREAM_POLL_INTERVAL": "0.05", "COLLECTOR_MAX_STREAMS": "7", "COLLECTOR_THREADS": "3"}
-DEFAULTS = (30.0, 900.0, 0.5, 500, 8)
+DEFAULTS = (30.0, 900.0, 0.5, 500, 2)  # two request threads: the default database is SQLite
 
 
 def stream_settings(settings):
@@ -103,6 +103,16 @@ def test_stream_variables_and_their_defaults():
 
 
 @pytest.mark.parametrize(
+    "url, threads, expected",
+    [("sqlite:///c.db", None, 2), ("postgresql:///c", None, 8), ("sqlite:///c.db", 6, 6), ("postgresql:///c", 3, 3)],
+)
+def test_request_threads_default_to_the_database_and_yield_to_the_variable(url, threads, expected):
+    env = {"COLLECTOR_DATABASE_URL": url, **({"COLLECTOR_THREADS": str(threads)} if threads else {})}
+    settings = Settings.from_env(env)
+    assert (settings.threads, settings.request_threads) == (threads, expected)
+
+
+@pytest.mark.parametrize(
     "name, value, kind",
     [("COLLECTOR_STREAM_HEARTBEAT", "30s", "a number"), ("COLLECTOR_STREAM_MAX_LIFETIME", "15m", "a number"),
      ("COLLECTOR_STREAM_POLL_INTERVAL", "fast", "a number"), ("COLLECTOR_MAX_STREAMS", "2.5", "an integer")],
@@ -112,7 +122,7 @@ def test_bad_stream_variable_is_an_error_naming_it(name, value, kind):
         Settings.from_env({**STREAM_VARIABLES, name: value})
 
 
-STREAM_FIELDS = ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s", "max_streams", "request_threads")
+STREAM_FIELDS = ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s", "max_streams", "threads")
 
 
 @pytest.mark.parametrize(
@@ -122,7 +132,7 @@ STREAM_FIELDS = ("stream_heartbeat_s", "stream_max_lifetime_s", "stream_poll_s",
      ("COLLECTOR_STREAM_POLL_INTERVAL", "0", "stream_poll_s must be a positive number of seconds"),
      ("COLLECTOR_STREAM_POLL_INTERVAL", "nan", "stream_poll_s must be a positive number of seconds"),
      ("COLLECTOR_MAX_STREAMS", "-1", "max_streams must be zero (streams off) or more"),
-     ("COLLECTOR_THREADS", "0", "request_threads (COLLECTOR_THREADS) must be at least 1")],
+     ("COLLECTOR_THREADS", "0", "threads (COLLECTOR_THREADS) must be at least 1")],
 )
 def test_out_of_range_stream_variable_refuses_to_start(tmp_path, name, value, message):
     settings = Settings.from_env({**STREAM_VARIABLES, name: value})  # a number, so parsing takes it
@@ -147,7 +157,8 @@ def test_serving_variables_are_read_once_for_serve_and_gunicorn():
 
 
 def test_the_pool_keeps_a_connection_per_request_thread_unless_told():
-    assert Settings.from_env({}).pool_kept == 8 + 2
+    assert Settings.from_env({}).pool_kept == 2 + 2
+    assert Settings.from_env({"COLLECTOR_DATABASE_URL": "postgresql:///c"}).pool_kept == 8 + 2
     assert Settings.from_env({"COLLECTOR_THREADS": "3"}).pool_kept == 3 + 2
     assert Settings.from_env({"COLLECTOR_THREADS": "3", "COLLECTOR_POOL_SIZE": "4"}).pool_kept == 4
 
