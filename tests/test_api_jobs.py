@@ -437,6 +437,12 @@ def test_list_newest_first_with_pages_and_filters(api):
                             "started_at", "completed_at", "updated_at", "exit_code"}
     beyond = api.get("/api/jobs", params={"page": 9}).json()
     assert beyond["jobs"] == [] and beyond["total"] == 5
+    oldest_b = api.get("/api/jobs", params={"cluster": "b", "order": "asc", "per_page": 1}).json()
+    assert [j["job_id"] for j in oldest_b["jobs"]] == ["101"] and oldest_b["total"] == 2
+    # Each summary says what the job's detail says, timestamps to the character.
+    for job in everything["jobs"]:
+        full = detail(api, job["job_id"], cluster=job["cluster"])
+        assert job == {name: full[name] for name in job}
 
 
 def test_list_per_page_up_to_the_spec_maximum(api):

@@ -11,7 +11,9 @@ tests fail if a release of either changes it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import random
 import uuid
 from typing import Any
 
@@ -36,9 +38,11 @@ from collector.db import Database
 from collector.migrations import upgrade
 from collector.settings import Settings
 from collector.store import captures as capture_store
+from collector.store import counts
 from collector.store import jobs as job_store
 from collector.store import logs as log_store
 from collector.store import pg_driver
+from collector.store import writes
 from collector.store.errors import Conflict
 from collector.store.identity import JOB_LOCK
 
@@ -623,3 +627,100 @@ def test_the_put_statement_merges_documents_as_the_python_rules_do(postgres, bas
                                  base=None if base is None else json.dumps(base),
                                  patch=None if patch is None else json.dumps(patch), wins=base_wins)
         assert merged == expected, (base, patch)
+
+
+def _document(rng: random.Random, depth: int = 0) -> Any:
+    """A small JSON object of the shapes reporters send: nested objects, nulls, lists, scalars."""
+    def value() -> Any:
+        kind = rng.randrange(6 if depth < 2 else 5)
+        if kind == 5:
+            return _document(rng, depth + 1)
+        return [None, rng.randrange(3), rng.choice(["x", "y", ""]), [rng.randrange(2), None], {}][kind]
+    return {key: value() for key in rng.sample(["a", "b", "c", "job_name"], rng.randrange(4))}
+
+
+def _random_put(rng: random.Random, at: dt.datetime, cluster: str) -> JobUpdatePayload:
+    def maybe(make: Any) -> Any:
+        return make() if rng.random() < 0.4 else None
+
+    metadata = maybe(lambda: _document(rng))
+    if metadata is not None and rng.random() < 0.5:
+        metadata["job_name"] = rng.choice(["named", "renamed", 7, None])
+    if metadata is not None and rng.random() < 0.5:
+        metadata["cluster"] = cluster
+    return JobUpdatePayload(
+        status=rng.choice(list(JobStatus)), updated_at=at, stage=maybe(lambda: rng.choice(list(JobStage))),
+        message=maybe(lambda: rng.choice(["", "up", "down"])),
+        started_at=maybe(lambda: at - dt.timedelta(seconds=rng.randrange(100))),
+        completed_at=maybe(lambda: at), exit_code=maybe(lambda: rng.choice([0, 1, -9])),
+        logs_url=maybe(lambda: rng.choice(["", "file:///l"])), benchmark_results=maybe(lambda: _document(rng)),
+        artifacts=maybe(lambda: _document(rng)), metadata=metadata)
+
+
+def test_random_puts_land_alike_through_the_put_statement_and_the_python_rules(postgres, monkeypatch):
+    """collector_put_job() (revision 0016) against the general path that SQLite and every other case run.
+
+    The same job id on two clusters gets the same random PUTs (some late, some before any
+    POST): on one the way a PUT goes, the statement whenever it applies; on the other forced
+    down the Python rules (a PUT with ``event_at`` never takes the statement). Every answer,
+    row, event and count must come out the same.
+    """
+    postgres.clean()
+    database = Database(Settings(database_url=postgres.url))
+    rng = random.Random(20261207)
+    start = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
+    statement, python = "diff-statement", "diff-python"
+    # Which PUTs the statement applied (it returns None where it declines), counted as they
+    # pass: the comparison means something only if it applied most of them.
+    applied = []
+    put_stored = writes.put_stored
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        found = put_stored(*args, **kwargs)
+        applied.append(found is not None)
+        return found
+
+    monkeypatch.setattr(writes, "put_stored", counted)
+    try:
+        for trial in range(60):
+            job_id = f"diff-{trial}"
+            at = start + dt.timedelta(hours=trial)
+            if rng.random() < 0.7:  # else the first PUT makes a placeholder, whose name a PUT may then set
+                for cluster in (statement, python):
+                    post = JobCreatePayload(job_id=job_id, job_name="posted", submitted_at=at, cluster=cluster)
+                    database.run(functools.partial(job_store.submit, payload=post), write=True)
+            for _ in range(rng.randrange(1, 7)):
+                at += dt.timedelta(seconds=rng.choice([30, 30, 30, -90]))  # one in four is late
+                put = _random_put(rng, at, statement)
+                answers = []
+                for cluster, event_at in ((statement, None), (python, put.updated_at)):
+                    if put.metadata and "cluster" in put.metadata:
+                        put = put.model_copy(update={"metadata": {**put.metadata, "cluster": cluster}})
+                    result = database.run(functools.partial(job_store.update, job_id=job_id, payload=put,
+                                                            cluster=cluster, event_at=event_at, credential="tok"),
+                                          write=True)
+                    answers.append((result.status, result.late, result.event is not None and
+                                    (result.event.status, result.event.stage, result.event.message)))
+                assert answers[0] == answers[1], (trial, put)
+    finally:
+        database.dispose()
+
+    def stored(cluster: str) -> tuple[list[Any], list[Any]]:
+        with postgres.engine.connect() as conn:
+            jobs = conn.execute(text(
+                "SELECT job_id, job_name, is_placeholder, status, stage, message, recipe, submitted_at, started_at,"
+                " completed_at, updated_at, exit_code, logs_url, benchmark_results, artifacts, metadata"
+                " FROM jobs WHERE cluster = :c ORDER BY job_id"), {"c": cluster}).mappings().all()
+            events = conn.execute(text(
+                "SELECT j.job_id, e.status, e.stage, e.message, e.created_at, e.credential FROM job_events e"
+                " JOIN jobs j ON j.id = e.job_pk WHERE j.cluster = :c ORDER BY j.job_id, e.id"), {"c": cluster}).all()
+        # The clusters differ, and so does metadata.cluster where a PUT repeated it.
+        return ([{**row, "metadata": {**row["metadata"], "cluster": "-"}}
+                 if row["metadata"] and "cluster" in row["metadata"] else dict(row) for row in jobs], list(events))
+
+    assert stored(statement) == stored(python)
+    assert len(applied) > 150 and sum(applied) > len(applied) / 2, (sum(applied), len(applied))
+    with postgres.engine.connect() as conn:
+        by_cluster = counts.by_cluster(conn)
+    assert by_cluster[statement] == by_cluster[python]
+    postgres.assert_counts_match_jobs()

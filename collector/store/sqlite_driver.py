@@ -9,8 +9,8 @@ fixed text handed to the sqlite3 connection SQLAlchemy holds for the transaction
 go through the very type processors SQLAlchemy's SQLite dialect uses, so timestamps,
 JSON and booleans are stored exactly as its own statements store them and read back the
 same way; errors are raised as SQLAlchemy's. The reads people and agents make most (a
-job's detail, the event feed) come here the same way (``read``, ``fetch``). Everything
-else goes through SQLAlchemy.
+job's detail, the event feed, the list's pages in submission order) come here the same
+way (``read``, ``fetch``). Everything else goes through SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 from typing import cast
 
 from sqlalchemy import Column
+from sqlalchemy import ColumnElement
 from sqlalchemy import Connection
 from sqlalchemy import Table
 from sqlalchemy.dialects import sqlite
@@ -48,7 +49,7 @@ def _bind(column: Column[Any]) -> Processor | None:
     return column.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
 
 
-def _result(column: Column[Any]) -> Processor | None:
+def _result(column: ColumnElement[Any]) -> Processor | None:
     return column.type.dialect_impl(_DIALECT).result_processor(_DIALECT, None)
 
 
@@ -69,7 +70,7 @@ class Read:
     results: tuple[tuple[str, Processor | None], ...]
 
 
-def read(sql: str, columns: Sequence[Column[Any]]) -> Read:
+def read(sql: str, columns: Sequence[ColumnElement[Any]]) -> Read:
     """``sql``, whose result columns are ``columns`` (their names are the rows' keys)."""
     return Read(sql, tuple((column.name, _result(column)) for column in columns))
 
