@@ -30,11 +30,19 @@ WRITE_OPTION = "collector_write"
 T = TypeVar("T")
 
 
-def ensure_sqlite_parent(url: str) -> None:
-    """Create the directory of a SQLite file URL (the default lives under ~/.local/state)."""
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL; None for another database or an in-memory one."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        return parsed.database
+    return None
+
+
+def ensure_sqlite_parent(url: str) -> None:
+    """Create the directory of a SQLite file URL (the default lives under ~/.local/state)."""
+    path = sqlite_file(url)
+    if path is not None:
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -45,9 +53,8 @@ def make_engine(settings: Settings) -> Engine:
         # A file's pool keeps a connection per request thread, as on PostgreSQL: a new
         # SQLite connection sets its pragmas and reads the schema again. (An in-memory
         # database lives in one connection per thread, SQLAlchemy's SingletonThreadPool.)
-        database = make_url(url).database
-        pool = ({} if database in (None, "", ":memory:")
-                else {"pool_size": settings.pool_kept, "max_overflow": settings.pool_max_overflow})
+        pool = ({"pool_size": settings.pool_kept, "max_overflow": settings.pool_max_overflow}
+                if sqlite_file(url) else {})
         engine = create_engine(url, connect_args={"timeout": 30}, **pool)
         _tune_sqlite(engine)
         return engine

@@ -95,14 +95,19 @@ _UPDATED = "updated AS (UPDATE jobs SET {} WHERE id = %(pk)s AND %(changed)s)".f
 # concurrent writes moving jobs between the same statuses rarely hold the same row lock
 # across their commits. Rows are locked in key order (ORDER BY), so no two writers wait
 # on each other in a cycle. Zero deltas are filtered out.
-_COUNTED = (
-    "counted AS (INSERT INTO job_count_stripes (cluster, status, stripe, jobs) "
-    "SELECT v.cluster, v.status, %(stripe)s::smallint, v.delta FROM "
-    "(VALUES (%(old_cluster)s, %(old_status)s, %(old_delta)s::bigint), "
-    "(%(new_cluster)s, %(new_status)s, %(new_delta)s::bigint)) AS v (cluster, status, delta) "
-    "WHERE v.delta <> 0 ORDER BY v.cluster, v.status "
-    "ON CONFLICT (cluster, status, stripe) DO UPDATE SET jobs = job_count_stripes.jobs + excluded.jobs)"
-)
+def _counted(also: str = "") -> str:
+    # ``also``: a further condition on the count's rows (that the statement inserted its job).
+    return (
+        "counted AS (INSERT INTO job_count_stripes (cluster, status, stripe, jobs) "
+        "SELECT v.cluster, v.status, %(stripe)s::smallint, v.delta FROM "
+        "(VALUES (%(old_cluster)s, %(old_status)s, %(old_delta)s::bigint), "
+        "(%(new_cluster)s, %(new_status)s, %(new_delta)s::bigint)) AS v (cluster, status, delta) "
+        f"WHERE v.delta <> 0{also} ORDER BY v.cluster, v.status "
+        "ON CONFLICT (cluster, status, stripe) DO UPDATE SET jobs = job_count_stripes.jobs + excluded.jobs)"
+    )
+
+
+_COUNTED = _counted()
 # No lock orders the feed and nothing notifies inside the transaction: the event's id is
 # its transaction's id (the column default, store/event_ids.py) and readers stop at the
 # oldest transaction still running, so writers commit in parallel and PostgreSQL flushes
@@ -126,15 +131,17 @@ SAVE_EXISTING = {
 # A new job: its row, its first event and its count in one statement, so a POST that
 # creates a job is two round trips like any other write. The event's job_pk comes from
 # the row inserted in the same statement (RETURNING), and both ids come back.
-SAVE_NEW_JOB = statement("collector_save_new_job", (
-    "WITH inserted AS (INSERT INTO jobs ({}) VALUES ({}) RETURNING id), ".format(
-        ", ".join(f'"{name}"' for name in _MUTABLE), ", ".join(f"%({name})s" for name in _MUTABLE)
-    )
-    + "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
+# The first event of a job the same statement inserted (CTE ``inserted``).
+_FIRST_EVENT = (
+    "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
     "SELECT id, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM inserted "
     "RETURNING id, job_pk), "
-    + _COUNTED
-    + " SELECT id, job_pk FROM event"
+)
+_INSERTED_COLUMNS = ", ".join(f'"{name}"' for name in _MUTABLE)
+SAVE_NEW_JOB = statement("collector_save_new_job", (
+    f"WITH inserted AS (INSERT INTO jobs ({_INSERTED_COLUMNS}) "
+    f"VALUES ({', '.join(f'%({name})s' for name in _MUTABLE)}) RETURNING id), "
+    f"{_FIRST_EVENT}{_COUNTED} SELECT id, job_pk FROM event"
 ))
 
 
@@ -144,15 +151,11 @@ SAVE_NEW_JOB = statement("collector_save_new_job", (
 # (insert_new_job), so its snapshot, taken when it starts, sees what the lock's previous
 # holder committed.
 SAVE_NEW_JOB_IF_ABSENT = statement("collector_save_new_job_if_absent", (
-    "WITH inserted AS (INSERT INTO jobs ({}) SELECT {} WHERE NOT EXISTS (SELECT FROM jobs j WHERE "
-    "j.job_id = %(job_id)s AND (j.cluster = '' OR j.cluster = %(cluster)s OR %(cluster)s = '')) RETURNING id), ".format(
-        ", ".join(f'"{name}"' for name in _MUTABLE), ", ".join(f"%({name})s::{_CAST[name]}" for name in _MUTABLE)
-    )
-    + "event AS (INSERT INTO job_events (job_pk, status, stage, message, created_at, credential) "
-    "SELECT id, %(status)s, %(stage)s, %(message)s, %(created_at)s, %(credential)s FROM inserted "
-    "RETURNING id, job_pk), "
-    + _COUNTED.replace("WHERE v.delta <> 0", "WHERE v.delta <> 0 AND EXISTS (SELECT FROM inserted)")
-    + " SELECT id, job_pk FROM event"
+    f"WITH inserted AS (INSERT INTO jobs ({_INSERTED_COLUMNS}) "
+    f"SELECT {', '.join(f'%({name})s::{_CAST[name]}' for name in _MUTABLE)} "
+    "WHERE NOT EXISTS (SELECT FROM jobs j WHERE "
+    "j.job_id = %(job_id)s AND (j.cluster = '' OR j.cluster = %(cluster)s OR %(cluster)s = '')) RETURNING id), "
+    f"{_FIRST_EVENT}{_counted(' AND EXISTS (SELECT FROM inserted)')} SELECT id, job_pk FROM event"
 ))
 
 
