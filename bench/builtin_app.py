@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 from pydantic import ValidationError
 
-from collector.contract import NUL_FREE
+from collector.contract import TEXT_CHECKED
 from collector.contract import EventFeedResponse
 from collector.contract import JobCreatePayload
 from collector.contract import JobDetail
@@ -64,7 +64,7 @@ log = logging.getLogger("builtin")
 
 MAX_BODY = 1024 * 1024
 # srtctl.contract has no check for NUL characters (SQLite stores them): skip our contract's walk for one.
-CONTRACT_ONLY = {NUL_FREE: True}
+CONTRACT_ONLY = {TEXT_CHECKED: True}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,

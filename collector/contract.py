@@ -92,10 +92,27 @@ _CLUSTER_NAME: TypeAdapter[str | None] = TypeAdapter(ClusterName)
 ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
-def _nul_path(value: Any, path: tuple[object, ...]) -> tuple[object, ...] | None:
-    """Where a NUL character hides in a JSON value (PostgreSQL text and jsonb refuse it)."""
+def _unstorable(text: str) -> str | None:
+    """What keeps ``text`` out of the database, if anything: a NUL, or a lone surrogate."""
+    if "\x00" in text:
+        return "a NUL (\\u0000) character"
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return "a lone surrogate (\\ud800-\\udfff), which has no UTF-8 form"
+    return None
+
+
+def _unstorable_path(value: Any, path: tuple[object, ...]) -> tuple[tuple[object, ...], str] | None:
+    """Where text the database refuses hides in a JSON value, and what it is.
+
+    PostgreSQL text and jsonb refuse NUL; neither database can store a lone surrogate
+    (a JSON escape such as \\ud800 with no partner), which has no UTF-8 form.
+    """
     if isinstance(value, str):
-        return path if "\x00" in value else None
+        what = _unstorable(value)
+        return (path, what) if what else None
     items: Iterable[tuple[object, object]]
     if isinstance(value, dict):
         items = value.items()
@@ -104,15 +121,16 @@ def _nul_path(value: Any, path: tuple[object, ...]) -> tuple[object, ...] | None
     else:
         return None
     for key, item in items:
-        found = _nul_path(key, path + (key,)) if isinstance(key, str) else None
-        found = found or _nul_path(item, path + (key,))
+        found = _unstorable_path(key, path + (key,)) if isinstance(key, str) else None
+        found = found or _unstorable_path(item, path + (key,))
         if found:
             return found
     return None
 
 
-# Validation context key: the caller has seen the raw JSON and it cannot hold a NUL.
-NUL_FREE = "nul_free"
+# Validation context key: the caller has seen the raw JSON and it cannot hold a NUL or a
+# lone surrogate (api.parse_body), so the walk over every value is skipped.
+TEXT_CHECKED = "text_checked"
 
 
 class _Payload(BaseModel):
@@ -121,13 +139,16 @@ class _Payload(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.context and info.context.get(NUL_FREE):
+    def _storable_text(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.context and info.context.get(TEXT_CHECKED):
             return data
-        found = _nul_path(data, ())
+        found = _unstorable_path(data, ())
         if found:
-            raise PydanticCustomError("nul_character", "text may not contain NUL (\\u0000) characters, found at {at}",
-                                      {"at": ".".join(map(str, found))})
+            path, what = found
+            # A key may hold the surrogate itself: written as its escape, or the message has no UTF-8 form either.
+            at = ".".join(str(part).encode("utf-8", "backslashreplace").decode() for part in path)
+            raise PydanticCustomError("unstorable_text", "text may not contain {what}, found at {at}",
+                                      {"what": what, "at": at})
         return data
 
 

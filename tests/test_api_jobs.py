@@ -574,8 +574,37 @@ def test_nul_characters_are_422_not_a_database_error(api, database, body, at):
     # PostgreSQL text and jsonb refuse NUL; that must be the client's error, on every backend.
     response = put(api, "nul", **body)
     assert response.status_code == 422, response.text
-    assert f"text may not contain NUL (\\u0000) characters, found at {at}" in response.json()["detail"]
+    assert f"text may not contain a NUL (\\u0000) character, found at {at}" in response.json()["detail"]
     assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize(
+    "document, at",
+    [
+        ('{"metadata": {"note": "\\ud800"}}', "metadata.note"),
+        ('{"metadata": {"tags": ["ok", "x\\uDFFFy"]}}', "metadata.tags.1"),
+        ('{"artifacts": {"\\udbff": "key"}}', "artifacts.\\udbff"),
+        ('{"benchmark_results": {"a": {"b": "\\ud83d"}}}', "benchmark_results.a.b"),
+    ],
+)
+def test_lone_surrogates_in_documents_are_422_not_a_database_error(api, database, document, at):
+    # A JSON escape of half a surrogate pair has no UTF-8 form: jsonb refused it with a 500.
+    # Text fields already refuse it as a string; documents must too, on every backend.
+    fields = document[1:-1]
+    body = '{"status": "starting", "updated_at": "2025-01-26T10:33:00Z", ' + fields + "}"
+    response = api.put("/api/jobs/surrogate", data=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert (f"text may not contain a lone surrogate (\\ud800-\\udfff), which has no UTF-8 form, found at {at}"
+            in response.json()["detail"])
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
+def test_a_whole_surrogate_pair_is_kept(api):
+    # The escapes of both halves are one character: nothing to refuse.
+    response = api.put("/api/jobs/pair", data='{"status": "starting", "updated_at": "2025-01-26T10:33:00Z",'
+                       ' "metadata": {"emoji": "\\ud83d\\ude80"}}', headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert api.get("/api/jobs/pair").json()["metadata"] == {"emoji": "\U0001f680"}
 
 
 def test_text_that_only_looks_like_a_nul_escape_is_kept(api):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TypeVar
 
 from flask import Response
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from werkzeug.sansio.utils import get_content_length
 
 from collector import guard
-from collector.contract import NUL_FREE
+from collector.contract import TEXT_CHECKED
 from collector.contract import Identifier
 from collector.credentials import ENV_READ
 from collector.credentials import OutOfScope
@@ -109,6 +110,9 @@ def _finite_or_null(text: str) -> float | None:
 _JSON = json.JSONDecoder(parse_float=_finite_or_null, parse_constant=lambda _constant: None)
 
 
+_MAYBE_UNSTORABLE = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
 def parse_body(model: type[M]) -> M:
     """Decode a JSON object body into ``model``: 400 for bad JSON, 422 for bad fields."""
     raw = read_body()
@@ -118,9 +122,10 @@ def parse_body(model: type[M]) -> M:
         raise APIError(f"body is not valid JSON: {exc}", status=400) from None
     if not isinstance(data, dict):
         raise Unprocessable(f"body must be a JSON object, got {type(data).__name__}")
-    # JSON carries a NUL only as the escape \u0000 (a raw one is invalid JSON), so a body
-    # without that text spares the validator its walk over every value.
-    context = {NUL_FREE: True} if b"\\u0000" not in raw else None
+    # JSON carries a NUL only as the escape \u0000 (a raw one is invalid JSON), and a lone
+    # surrogate as an escape or as the UTF-8-like bytes surrogatepass decoded, so a body
+    # without them spares the validator its walk over every value.
+    context = None if _MAYBE_UNSTORABLE.search(raw) else {TEXT_CHECKED: True}
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:

@@ -149,7 +149,7 @@ def update(conn: Connection, job_id: str, payload: JobUpdatePayload, *, cluster:
     reported_name = reported.get("job_name") if isinstance(reported.get("job_name"), str) else None
     cluster = payload.reported_cluster() or cluster
     if event_at is None and is_postgres(conn):
-        # A PUT on its job's own row, in order, in one round trip; anything else the general way below.
+        # A PUT on its job's own row in order, or a job's first, in one round trip; anything else the general way below.
         applied = writes.put_stored(conn, job_id, cluster, payload, reported_name, _now(), credential=credential)
         if applied is not None:
             return _result(*applied)
@@ -197,9 +197,10 @@ def is_late(row: JobRow, updated_at: dt.datetime) -> bool:
 
 def _apply(row: JobRow, payload: JobUpdatePayload) -> None:
     """Apply a PUT that is not late: it sets the status and becomes the job's watermark."""
-    # On PostgreSQL a PUT on its job's own row runs these rules (with _merged and the
-    # placeholder's name) in collector_put_job(), revision 0016: a change here needs a
-    # revision that changes that function the same way.
+    # On PostgreSQL a PUT on its job's own row runs these rules (with _merged, the
+    # placeholder's name and, for a job's first PUT, the new row update() builds) in
+    # collector_put_job(), revision 0017: a change here needs a revision that changes that
+    # function the same way.
     status = payload.status.value
     if status != row["status"]:
         # stage and message describe the status they came with; a new status without

@@ -74,7 +74,8 @@ def insert_new_job(conn: Connection, row: JobRow, created_at: dt.datetime, *,
     return events.record(row, rows[0]["id"], created_at, credential)
 
 
-# Revision 0016: the PUT applied in the statement, when it lands on its job's own row in order.
+# Revisions 0016 and 0017: the PUT applied in the statement, when it lands on its job's own
+# row in order or the job has no row at all (its placeholder).
 PUT_JOB = pg_driver.statement("collector_put_job", (
     "SELECT * FROM collector_put_job(%(namespace)s::integer, %(job_id)s::text, %(cluster)s::text, "
     "%(status)s::text, %(stage)s::text, %(message)s::text, %(started_at)s::timestamptz, "
@@ -86,12 +87,11 @@ PUT_JOB = pg_driver.statement("collector_put_job", (
 def put_stored(conn: Connection, job_id: str, cluster: str | None, payload: JobUpdatePayload,
                reported_name: str | None, received_at: dt.datetime, *,
                credential: str | None = None) -> tuple[JobRow, JobEventRecord | None] | None:
-    """Apply a PUT to its job's own stored row in one round trip, commit included (PostgreSQL).
+    """Apply a PUT to its job's own row, or make its placeholder, in one round trip with COMMIT (PostgreSQL).
 
-    None, having changed nothing, unless the PUT lands on a stored row with no cluster to
-    claim and is not late: then the caller applies it the general way (``jobs.update``).
-    Otherwise the row's identity and report as they now stand, and the event if one was
-    appended.
+    None, having changed nothing, for a late PUT, a cluster-less row to claim or rows to
+    choose among: then the caller applies it the general way (``jobs.update``). Otherwise
+    the row's identity and report as they now stand, and the event if one was appended.
     """
     def json(value: dict[str, Any] | None) -> Jsonb | None:
         return None if value is None else Jsonb(value)
