@@ -114,8 +114,11 @@ class Load:
     """Threads driving jobs through a collector; ``url`` may be changed while they run (a restarted server)."""
 
     def __init__(self, url: str, *, prefix: str, cluster: str = "faults", threads: int = 6, jobs: int | None = None,
-                 retry_for: float = 15.0, token: str | None = None, pause: float = 0.0, seed: int = 14) -> None:
+                 retry_for: float = 15.0, token: str | None = None, pause: float = 0.0, seed: int = 14,
+                 unposted: int = 0) -> None:
         self.url = url
+        # Every ``unposted``-th job sends no POST (it never arrived): its first PUT makes the placeholder.
+        self.unposted = unposted
         self.prefix = prefix
         self.cluster = cluster
         self.threads = threads
@@ -171,6 +174,7 @@ class Load:
         """The writes of job ``number`` in the order the reporter sends them (none sent yet)."""
         job_id = f"{self.prefix}{number}"
         submitted = self._base + dt.timedelta(seconds=number)
+        posted = not (self.unposted and number % self.unposted == 0)
         writes = [Write("post", job_id, 0, submitted, SUBMITTED, body={
             "job_id": job_id, "job_name": f"fault-{number}", "submitted_at": stamp(submitted),
             "cluster": self.cluster, "recipe": "recipes/faults.yaml",
@@ -179,7 +183,7 @@ class Load:
                                        "decode_nodes": 1, "prefill_workers": 1, "decode_workers": 1},
                          "backend_type": "sglang", "frontend_type": "dynamo",
                          "benchmark": {"type": "sa-bench", "isl": 1024, "osl": 1024}},
-        })]
+        })] if posted else []
         offset = 0
         for step, (status, stage, message) in enumerate(LIFECYCLE, start=1):
             at = submitted + dt.timedelta(minutes=step)
@@ -422,6 +426,13 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
         if newest is not None and (row.status, row.stage, row.message) != newest.triple:
             problems.append(f"{job_id}: ends at {(row.status, row.stage, row.message)}, "
                             f"its newest acknowledged update is {newest.triple}")
+    if changes and changes[0].kind == "put":
+        # No POST: the first PUT made the row, named by its metadata, first seen when it started.
+        first = changes[0]
+        assert first.body is not None
+        if (row.is_placeholder, row.job_name, row.submitted_at) != (True, first.body["metadata"]["job_name"], first.at):
+            problems.append(f"{job_id}: placeholder {(row.is_placeholder, row.job_name, row.submitted_at)}, "
+                            f"its first PUT said {first.body['metadata']['job_name']} at {first.at}")
     newest_applied = max((w.moment for w in applied), default=None)
     if newest_applied is not None and row.updated_at != newest_applied:
         problems.append(f"{job_id}: updated_at {row.updated_at}, newest applied update {newest_applied}")

@@ -145,7 +145,7 @@ def test_kill_9_of_a_gunicorn_worker_under_load(database):
     try:
         master = server.proc.pid
         wait_for(lambda: len(workers_of(master)) == 2, 20, "two workers")
-        load = Load(server.url, prefix="kill-", threads=6).start()
+        load = Load(server.url, prefix="kill-", threads=6, unposted=3).start()
         replaced = []
         for _ in range(3):
             time.sleep(1.5)
@@ -183,7 +183,7 @@ def test_backends_terminated_under_load_answer_no_5xx(postgres):
     postgres.clean()
     server = gunicorn(postgres.url, workers=2)
     try:
-        load = Load(server.url, prefix="term-", threads=6).start()
+        load = Load(server.url, prefix="term-", threads=6, unposted=3).start()
         terminated = terminate_rounds(postgres)
         time.sleep(0.5)
         load.stop()
@@ -261,7 +261,7 @@ def test_postgresql_restart_recovers_without_restarting_gunicorn(private_postgre
     try:
         master = server.proc.pid
         workers = wait_for(lambda: len(workers_of(master)) == 2 and workers_of(master), 20, "two workers")
-        load = Load(server.url, prefix="restart-", threads=6, retry_for=20).start()
+        load = Load(server.url, prefix="restart-", threads=6, retry_for=20, unposted=3).start()
         time.sleep(2.0)
         stopping = time.monotonic()
         pg.pg_ctl("-m", "fast", "stop")
@@ -304,7 +304,7 @@ def test_kill_9_of_collector_serve_on_sqlite(tmp_path):
     path = tmp_path / "serve.db"
     args = collector_command("serve", "--port", "0", "--db", str(path))
     server = ServerProcess(args, quiet_env())
-    load = Load(server.url, prefix="serve-", threads=4, retry_for=20).start()
+    load = Load(server.url, prefix="serve-", threads=4, retry_for=20, unposted=3).start()
     try:
         time.sleep(2.5)
         os.killpg(server.proc.pid, signal.SIGKILL)  # the whole process group: a worker must not outlive it
