@@ -63,7 +63,7 @@ from collector.contract import format_timestamp
 log = logging.getLogger("builtin")
 
 MAX_BODY = 1024 * 1024
-# srtctl.contract has no check for NUL characters (SQLite stores them): skip our contract's walk for one.
+# srtctl.contract has no check for NUL characters or lone surrogates: skip our contract's walk for them.
 CONTRACT_ONLY = {TEXT_CHECKED: True}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
