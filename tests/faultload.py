@@ -427,12 +427,17 @@ def _check_job(report: Report, job_id: str, writes: list[Write], stored: dict, o
             problems.append(f"{job_id}: ends at {(row.status, row.stage, row.message)}, "
                             f"its newest acknowledged update is {newest.triple}")
     if changes and changes[0].kind == "put":
-        # No POST: the first PUT made the row, named by its metadata, first seen when it started.
+        # No POST: the first PUT made the row, named by its metadata (else job-<id>), first
+        # seen when it started or reported, whichever is earlier.
         first = changes[0]
         assert first.body is not None
-        if (row.is_placeholder, row.job_name, row.submitted_at) != (True, first.body["metadata"]["job_name"], first.at):
+        reported = (first.body.get("metadata") or {}).get("job_name")
+        name = reported if isinstance(reported, str) and reported else f"job-{job_id}"
+        started = first.body.get("started_at")
+        seen = min(first.moment, dt.datetime.fromisoformat(started)) if started else first.moment
+        if (row.is_placeholder, row.job_name, row.submitted_at) != (True, name, seen):
             problems.append(f"{job_id}: placeholder {(row.is_placeholder, row.job_name, row.submitted_at)}, "
-                            f"its first PUT said {first.body['metadata']['job_name']} at {first.at}")
+                            f"its first PUT said {name} at {seen}")
     newest_applied = max((w.moment for w in applied), default=None)
     if newest_applied is not None and row.updated_at != newest_applied:
         problems.append(f"{job_id}: updated_at {row.updated_at}, newest applied update {newest_applied}")
