@@ -599,6 +599,16 @@ def test_lone_surrogates_in_documents_are_422_not_a_database_error(api, database
     assert database.scalar("SELECT count(*) FROM jobs") == 0
 
 
+def test_a_lone_surrogate_sent_as_raw_bytes_is_422(api, database):
+    # Not an escape but the three bytes UTF-8 would give U+D800, which parse_body decodes
+    # with surrogatepass: the body holds no backslash, so the raw-bytes check must send it to the walk.
+    body = b'{"status": "starting", "updated_at": "2025-01-26T10:33:00Z", "metadata": {"note": "a\xed\xa0\x80b"}}'
+    response = api.put("/api/jobs/surrogate-bytes", data=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "lone surrogate" in response.json()["detail"] and "metadata.note" in response.json()["detail"]
+    assert database.scalar("SELECT count(*) FROM jobs") == 0
+
+
 def test_a_whole_surrogate_pair_is_kept(api):
     # The escapes of both halves are one character: nothing to refuse.
     response = api.put("/api/jobs/pair", data='{"status": "starting", "updated_at": "2025-01-26T10:33:00Z",'

@@ -22,6 +22,7 @@ import pytest
 from psycopg import pq
 from psycopg.adapt import Transformer
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 from sqlalchemy import Connection
 from sqlalchemy import create_engine
 from sqlalchemy import event
@@ -366,6 +367,12 @@ QUOTED = ["plain", "it's", "''", "'); DROP TABLE jobs; --", "back\\slash", "\\'"
           dt.datetime(2026, 12, 3, 9, 4, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=-5, minutes=-30)))]
 
 
+# Documents, which pg_driver.literal quotes itself unless their JSON has a backslash (the
+# last three: an escaped quote, a newline, a backslash), when psycopg does.
+DOCUMENTS = [{"cluster": "c1"}, {}, [], {"it's": ["naïve café 😀", None, 1.5, True, {"'); --": "''"}]},
+             {"say": 'a "quote"'}, {"lines": "a\nb"}, {"path": "C:\\dir"}]
+
+
 @pytest.mark.parametrize("conforming", ["on", "off"])
 def test_literals_read_back_as_the_values_they_quote(watched, conforming):
     # The write path quotes plain strings itself (pg_driver.literal): whatever a client
@@ -374,9 +381,10 @@ def test_literals_read_back_as_the_values_they_quote(watched, conforming):
         driver = watched.watch(conn)
         conn.exec_driver_sql(f"SET LOCAL standard_conforming_strings = {conforming}")
         tx = Transformer.from_context(driver)
-        return [driver.execute(b"SELECT " + pg_driver.literal(tx, value)).fetchone()[0] for value in QUOTED]
+        values: list[Any] = [*QUOTED, *map(Jsonb, DOCUMENTS)]
+        return [driver.execute(b"SELECT " + pg_driver.literal(tx, value)).fetchone()[0] for value in values]
 
-    assert watched.database.run(work) == QUOTED
+    assert watched.database.run(work) == [*QUOTED, *DOCUMENTS]
 
 
 def test_a_latin1_database_stores_what_a_utf8_client_sent(postgres):

@@ -388,15 +388,12 @@ def literal(tx: abc.Transformer, value: Any) -> bytes:
     """``value`` as an SQL literal, as psycopg's adapters would write it.
 
     A write binds about thirty values, most of them plain strings, integers, NULLs and
-    aware timestamps; those skip psycopg's per-value dumper lookup and libpq's escaping.
-    Doubling the quotes is all a string without backslashes or NULs needs, whatever
-    ``standard_conforming_strings`` says, and the connection's encoding is UTF-8
-    (collector/db.py). Everything else goes to psycopg.
+    aware timestamps, and a job's metadata and artifacts; those skip psycopg's per-value
+    dumper lookup and libpq's escaping. Everything else goes to psycopg.
     """
     kind = type(value)
-    if kind is str and "\\" not in value and "\0" not in value:
-        text: str = value
-        return b"'" + text.replace("'", "''").encode() + b"'"
+    if kind is str and (quoted := _quoted(value)) is not None:
+        return quoted
     if value is None:
         return b"NULL"
     if kind is int:
@@ -409,13 +406,24 @@ def literal(tx: abc.Transformer, value: Any) -> bytes:
     if kind is bool:
         return b"true" if value else b"false"
     if kind is Jsonb:
-        # A job's metadata and artifacts: psycopg's dumper, then libpq's escaping, cost
-        # more than the rest of a PUT's literals. Unescaped UTF-8 (the connection's
-        # encoding); any backslash (a quote or control character escaped) goes to psycopg.
-        document = json.dumps(cast(Jsonb, value).obj, ensure_ascii=False)
-        if "\\" not in document:
-            return b"'" + document.replace("'", "''").encode() + b"'::jsonb"
+        # psycopg's dumper, then libpq's escaping, cost more than the rest of a PUT's
+        # literals. Non-ASCII stays as it is; a document with an escaped quote or control
+        # character has a backslash, and goes to psycopg.
+        quoted = _quoted(json.dumps(cast(Jsonb, value).obj, ensure_ascii=False))
+        if quoted is not None:
+            return quoted + b"::jsonb"
     return tx.as_literal(value)
+
+
+def _quoted(text: str) -> bytes | None:
+    """``text`` as a string literal, or None if it holds a backslash or a NUL (for psycopg to escape).
+
+    Doubling the quotes is all the rest needs, whatever ``standard_conforming_strings``
+    says, and the connection's encoding is UTF-8 (collector/db.py).
+    """
+    if "\\" in text or "\0" in text:
+        return None
+    return b"'" + text.replace("'", "''").encode() + b"'"
 
 
 def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
